@@ -1,0 +1,234 @@
+"""The ``autotune`` command.
+
+    autotune bench  --model DIR --scenario chat --rate 4 --slo 'ttft<800ms' -- --max-num-seqs 64
+    autotune replay --url http://127.0.0.1:8000 --workload trace.jsonl --slo 'p99:tpot<50ms'
+
+Exit codes: 0 every SLO holds; 1 an SLO misses (or the engine failed); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from autotune import __version__
+from autotune.errors import AutotuneError, ConfigError
+
+EXIT_OK, EXIT_SLO_MISS, EXIT_USAGE = 0, 1, 2
+
+SLO_HELP = (
+    "an SLO, repeatable; quote it (the shell reads < as a redirection): 'ttft<800ms' (p95 unless a "
+    "percentile is given), 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'throughput>2000tok/s', 'rps>5'"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, like every usage error here
+        self.exit(EXIT_USAGE, f"autotune: {message} (see {self.prog} --help)\n")
+
+
+def default_engine_command() -> str:
+    """`vllm serve` from PATH, else the vllm beside this Python (the CPU installer's venv)."""
+    if shutil.which("vllm"):
+        return "vllm serve"
+    beside = Path(sys.executable).parent / "vllm"
+    return f"{beside} serve" if beside.exists() else "vllm serve"
+
+
+def _add_workload(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload (a trace file or a synthetic scenario)")
+    g.add_argument("--workload", type=Path, help="trace: autotune JSONL, vllm bench custom JSONL, or ShareGPT JSON")
+    g.add_argument("--scenario", help="synthetic: chat, long-docs or high-concurrency")
+    g.add_argument("--rate", type=float, help="arrival rate in requests/s (synthetic, or files without arrival times)")
+    g.add_argument("--requests", type=int, default=200, help="number of requests (default 200)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson (default)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prompt-tokens", help="override the scenario's prompt length: N or LO-HI")
+    g.add_argument("--output-tokens", help="scenario output length N or LO-HI; for a file, a fixed N")
+    g.add_argument("--prefix-tokens", help="override the scenario's shared prefix length: N or LO-HI")
+    g.add_argument("--api", choices=("completion", "chat"), help="force the API for every request")
+    g.add_argument("--tokenizer", type=Path, help="model directory with tokenizer.json (bench: the model's own)")
+    r = p.add_argument_group("replay")
+    r.add_argument("--load", type=float, default=1.0, help="multiply the arrival rate (default 1)")
+    r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
+    r.add_argument("--warmup", type=int, default=4, help="unmeasured warm-up requests (default 4)")
+    r.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    p.add_argument("--slo", action="append", default=[], help=SLO_HELP)
+    p.add_argument("--json", type=Path, help="write the full result as JSON here")
+    p.add_argument("--requests-json", type=Path, help="write every request's timings (JSONL) here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="autotune", description="Tune vLLM engine args against your workload and SLOs.")
+    p.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    b = sub.add_parser("bench", help="start vLLM with given args, replay a workload, judge the SLOs",
+                       description="Start the engine, warm up, replay the workload, stop the engine, judge the "
+                       "SLOs. Engine args follow '--', e.g. -- --max-num-seqs 64 --enable-chunked-prefill")
+    b.add_argument("--model", required=True, help="model path or name, passed to the engine")
+    b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
+    b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
+    b.add_argument("--port", type=int, default=8100)
+    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="engine environment, repeatable")
+    b.add_argument("--startup-timeout", type=float, default=900.0)
+    b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
+    b.add_argument("--vllm-version", help="flag table to check against when vLLM's parser cannot be run")
+    b.add_argument("--allow-trust-remote-code", action="store_true")
+    _add_workload(b)
+
+    rp = sub.add_parser("replay", help="replay a workload against a running server and judge the SLOs")
+    rp.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server")
+    rp.add_argument("--model", help="served model name (default: the first in /v1/models)")
+    rp.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    _add_workload(rp)
+    return p
+
+
+def _split_engine_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {item!r} must be KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
+    from autotune.workload.source import WorkloadSpec, parse_range
+
+    overrides: dict[str, object] = {}
+    if a.prompt_tokens:
+        overrides["prompt_tokens"] = parse_range(a.prompt_tokens, "--prompt-tokens")
+    if a.prefix_tokens:
+        overrides["prefix_tokens"] = parse_range(a.prefix_tokens, "--prefix-tokens")
+    fixed_out = None
+    if a.output_tokens:
+        lo, hi = parse_range(a.output_tokens, "--output-tokens")
+        if a.workload is not None:
+            if lo != hi:
+                raise ConfigError("--output-tokens for a trace file is one fixed length, not a range")
+            fixed_out = lo
+        else:
+            overrides["output_tokens"] = (lo, hi)
+    if a.requests < 1:
+        raise ConfigError("--requests must be at least 1")
+    if a.load <= 0:
+        raise ConfigError("--load must be positive")
+    return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
+                        burstiness=a.burstiness, seed=a.seed, overrides=overrides, api=a.api,
+                        output_tokens=fixed_out, tokenizer=tokenizer)
+
+
+def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: str | None = None):
+    from autotune.workload.replay import ReplayOptions
+
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        raise ConfigError("--max-concurrency must be at least 1")
+    return ReplayOptions(load=a.load, max_concurrency=a.max_concurrency, request_timeout_s=a.request_timeout,
+                         warmup_requests=a.warmup, model=model, api_key=api_key)
+
+
+def _progress(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autotune.console import err
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True, disable=not err.is_terminal)
+
+
+def _finish(result, a: argparse.Namespace) -> int:
+    from autotune.console import print_result
+    from autotune.engine.failures import FailureClass
+
+    print_result(result)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if a.requests_json:
+        a.requests_json.parent.mkdir(parents=True, exist_ok=True)
+        a.requests_json.write_text("".join(json.dumps(r) + "\n" for r in result.requests_json()))
+    if result.failure is not None and result.failure.failure_class is FailureClass.INVALID_ARGS:
+        return EXIT_USAGE
+    return EXIT_OK if result.slos_hold else EXIT_SLO_MISS
+
+
+def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
+    from autotune.bench import run_bench
+    from autotune.engine.args import EngineArgs, EngineCommand
+    from autotune.engine.flags import table_for_engine
+    from autotune.workload.slo import parse_slos
+    from autotune.workload.source import load
+
+    slos = parse_slos(a.slo)
+    command = EngineCommand(model=a.model, command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
+                            host=a.host, port=a.port, allow_trust_remote_code=a.allow_trust_remote_code)
+    table = table_for_engine(list(command.command), a.vllm_version)
+    args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
+    tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
+    workload = load(_workload_spec(a, tokenizer))
+    with _progress(len(workload)) as progress:
+        task = progress.add_task("starting engine", total=len(workload))
+        result = run_bench(
+            command, args, table, workload, slos, _replay_options(a), log_dir=a.log_dir,
+            startup_timeout=a.startup_timeout,
+            on_phase=lambda ph: progress.update(task, description=ph),
+            on_result=lambda _: progress.advance(task),
+        )
+    return _finish(result, a)
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    from autotune.bench import measure
+    from autotune.workload.slo import parse_slos
+    from autotune.workload.source import load
+
+    slos = parse_slos(a.slo)
+    workload = load(_workload_spec(a, a.tokenizer))
+    with _progress(len(workload)) as progress:
+        task = progress.add_task("replaying", total=len(workload))
+        result = measure(a.url.rstrip("/"), workload, slos, _replay_options(a, a.model, a.api_key),
+                         on_result=lambda _: progress.advance(task))
+    return _finish(result, a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, engine_args = _split_engine_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(ours)
+    if a.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    if engine_args and a.command != "bench":
+        parser.error(f"engine args after '--' only go with bench, not {a.command}")
+    try:
+        if a.command == "bench":
+            return cmd_bench(a, engine_args)
+        return cmd_replay(a)
+    except ConfigError as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except AutotuneError as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return EXIT_SLO_MISS
+    except KeyboardInterrupt:
+        print("autotune: interrupted; the engine was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What a person sees: tables and progress on the terminal (rich). Results go to stdout, chatter to stderr."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.bench import BenchResult
+from autotune.workload.metrics import Distribution
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def print_result(result: BenchResult) -> None:
+    if result.failure is not None:
+        f = result.failure
+        err.print(f"[bold red]engine failed: {f.failure_class.value}[/] - {f.summary}")
+        if f.excerpt:
+            err.print(f.excerpt, markup=False, highlight=False)
+    s = result.summary
+    if s is None:
+        return
+    head = Table(title=f"{result.replay.model} at {result.url}", show_header=False, box=None)
+    rows = [
+        ("requests", f"{s.completed} completed, {s.failed} failed of {s.requests}"),
+        ("duration", f"{s.duration_s:.2f} s"),
+        ("request throughput", f"{s.request_throughput:.2f} req/s"),
+        ("output throughput", f"{s.output_throughput:.1f} tok/s"),
+        ("total token throughput", f"{s.total_token_throughput:.1f} tok/s"),
+        ("goodput", f"{s.goodput:.2f} req/s"),
+        ("SLO attainment", "-" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"),
+    ]
+    if result.engine_start_s is not None:
+        rows.insert(0, ("engine start", f"{result.engine_start_s:.1f} s"))
+    for k, v in rows:
+        head.add_row(k, v)
+    out.print(head)
+    lat = Table(title="latency (ms)")
+    for col in ("metric", "mean", "p50", "p90", "p95", "p99", "n"):
+        lat.add_column(col, justify="right" if col != "metric" else "left")
+    dists: list[tuple[str, Distribution]] = [("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e),
+                                             ("send lag", s.send_lag)]
+    for name, d in dists:
+        lat.add_row(name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p95), _ms(d.p99), str(d.count))
+    out.print(lat)
+    if s.errors:
+        errs = Table(title="failed requests")
+        errs.add_column("count", justify="right")
+        errs.add_column("error")
+        for text, n in sorted(s.errors.items(), key=lambda kv: -kv[1]):
+            errs.add_row(str(n), text)
+        out.print(errs)
+    if result.verdicts:
+        slo = Table(title="SLOs")
+        for col in ("SLO", "measured", "verdict"):
+            slo.add_column(col)
+        for v in result.verdicts:
+            if v.measured is None:
+                shown = "-"
+            elif v.slo.is_latency:
+                shown = f"{v.measured * 1000:.1f} ms"
+            else:
+                shown = f"{v.measured:.2f}"
+            slo.add_row(v.slo.text, shown, "[green]holds[/]" if v.holds else "[red]misses[/]")
+        out.print(slo)

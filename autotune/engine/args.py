@@ -1,0 +1,96 @@
+"""Engine arguments as typed values, and the one place they become an argv.
+
+``EngineArgs.values`` maps vLLM's option names in snake case (``max_num_seqs``) to typed
+values; booleans render as ``--x`` / ``--no-x``. Before anything is launched, ``EngineCommand.argv``
+checks the flags against the target vLLM's table (flags.check_args), so a flag that does not
+exist is an error at load time, not a wasted trial.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autotune.engine.flags import FlagTable, check_args, dest_of, flag_of
+from autotune.errors import ConfigError
+
+__all__ = ["EngineArgs", "EngineCommand", "Value"]
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    values: Mapping[str, Value] = field(default_factory=dict)  # snake_case name -> value
+    env: Mapping[str, str] = field(default_factory=dict)  # environment for the engine (VLLM_CPU_KVCACHE_SPACE, ...)
+
+    def to_args(self) -> list[str]:
+        out: list[str] = []
+        for name, value in self.values.items():
+            flag = flag_of(name)
+            if isinstance(value, bool):
+                out.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, (dict, list)):
+                out += [flag, json.dumps(value, separators=(",", ":"))]
+            else:
+                out += [flag, str(value)]
+        return out
+
+    def merged(self, other: EngineArgs) -> EngineArgs:
+        """``other`` wins where both set a value."""
+        return EngineArgs({**self.values, **other.values}, {**self.env, **other.env})
+
+    @classmethod
+    def from_cli(cls, tokens: list[str], table: FlagTable, env: Mapping[str, str] | None = None) -> EngineArgs:
+        """Typed values from a user's ``--flag value`` list, checked against ``table``."""
+        values: dict[str, Value] = {}
+        for flag, spelling, raw in check_args(tokens, table):
+            name = dest_of(flag.name)
+            if flag.kind == "bool":
+                values[name] = not spelling.startswith("--no-")
+            elif flag.kind == "switch":
+                values[name] = True
+            else:
+                values[name] = _typed(flag.type, raw)
+        return cls(values, dict(env or {}))
+
+    def to_json(self) -> dict[str, object]:
+        return {"values": dict(self.values), "env": dict(self.env)}
+
+
+def _typed(kind: str, raw: str | None) -> Value:
+    assert raw is not None
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    return raw
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """How to run the engine: an argv prefix (``vllm serve``, a path, ``vllm-sim``), the model, where it listens."""
+
+    model: str
+    command: tuple[str, ...] = ("vllm", "serve")
+    host: str = "127.0.0.1"
+    port: int = 8100
+    allow_trust_remote_code: bool = False
+
+    @staticmethod
+    def parse_command(text: str) -> tuple[str, ...]:
+        """'path/to/vllm serve' -> ('path/to/vllm', 'serve'); split like a shell, never run by one."""
+        parts = tuple(shlex.split(text))
+        if not parts:
+            raise ConfigError("the engine command is empty; e.g. --engine-cmd 'vllm serve'")
+        return parts
+
+    def argv(self, args: EngineArgs, table: FlagTable) -> list[str]:
+        flags = args.to_args()
+        check_args(flags, table)
+        if args.values.get("trust_remote_code") and not self.allow_trust_remote_code:
+            raise ConfigError("trust_remote_code runs code from the model's repository; "
+                              "set allow_trust_remote_code = true in the study to permit it")
+        return [*self.command, self.model, "--host", self.host, "--port", str(self.port), *flags]

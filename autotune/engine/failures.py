@@ -1,0 +1,110 @@
+"""Why an engine failed, read from what it printed and how it exited.
+
+Each FailureClass has the vLLM texts that prove it (checked against vLLM 0.32/0.33; the
+root cause is often on stdout behind an ``(EngineCore pid=N) ERROR`` prefix, while stderr
+ends with the generic "Engine core initialization failed"). The launcher feeds every log
+line, from either stream, to a ``LogWatch``; the first line that proves a class is kept
+together with the lines before it, so the trial records why, not just that.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import re
+import signal
+from dataclasses import dataclass, field
+
+__all__ = ["FailureClass", "Failure", "LogWatch", "classify_exit", "PATTERNS"]
+
+
+class FailureClass(str, enum.Enum):
+    INVALID_ARGS = "invalid-args"  # a bug in the space or the user's args: fail loudly
+    OOM = "oom"  # the config does not fit in memory: prune and teach the sampler
+    PORT_IN_USE = "port-in-use"  # our side: another process holds the port
+    STARTUP_TIMEOUT = "startup-timeout"  # never became healthy in time
+    CRASHED = "crashed"  # exited for another reason, before or after becoming ready
+
+
+# Most specific first: an OOM traceback also contains the generic "initialization failed".
+PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
+    (FailureClass.OOM, re.compile(p)) for p in (
+        r"torch\.OutOfMemoryError",
+        r"CUDA out of memory",
+        r"No available memory for the cache blocks",
+        r"KV cache is needed, which is larger than the available KV cache memory",
+        r"on startup is less than desired GPU memory utilization",
+        r"Not enough memory|Insufficient memory for KV cache",
+    )
+] + [
+    (FailureClass.PORT_IN_USE, re.compile(p)) for p in (
+        r"\[Errno 98\]",
+        r"[Aa]ddress already in use",
+    )
+] + [
+    (FailureClass.INVALID_ARGS, re.compile(p)) for p in (
+        r"\berror: unrecognized arguments:",
+        r"\berror: argument ",
+        r"\berror: the following arguments are required",
+        r"validation errors? for \w+",
+        r"must be greater than or equal to max_num_seqs",
+        r"is smaller than max_model_len",
+        r"\bValue error, ",
+    )
+]
+
+EXCERPT_BEFORE = 12  # lines of context kept before the line that proves the class
+
+
+@dataclass(frozen=True)
+class Failure:
+    failure_class: FailureClass
+    summary: str  # the line that proves it (or how it exited)
+    excerpt: str = ""  # that line with the lines before it
+    exit_code: int | None = None
+    detected_at: float | None = None  # time.monotonic() when the launcher knew
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "class": self.failure_class.value,
+            "summary": self.summary,
+            "excerpt": self.excerpt,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass
+class LogWatch:
+    """Reads log lines as they come and remembers the first one that proves a failure."""
+
+    recent: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    found: tuple[FailureClass, str, str] | None = None  # class, line, excerpt
+
+    def feed(self, line: str) -> tuple[FailureClass, str] | None:
+        line = line.rstrip("\n")
+        self.recent.append(line)
+        if self.found is not None:
+            return None
+        for cls, pat in PATTERNS:
+            if pat.search(line):
+                before = list(self.recent)[-(EXCERPT_BEFORE + 1):]
+                self.found = (cls, line.strip(), "\n".join(before))
+                return cls, line
+        return None
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(list(self.recent)[-n:])
+
+
+def classify_exit(returncode: int, watch: LogWatch) -> Failure:
+    """Classify an engine that exited on its own, with code ``returncode``."""
+    if watch.found is not None:
+        cls, line, excerpt = watch.found
+        return Failure(cls, line, excerpt, returncode)
+    if returncode == 2:  # argparse's exit code: vLLM rejected its command line
+        return Failure(FailureClass.INVALID_ARGS, "exited with code 2 (usage error)", watch.tail(), returncode)
+    if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        # No traceback and a SIGKILL we did not send: the host's OOM killer, nearly always.
+        return Failure(FailureClass.OOM, "killed by SIGKILL with no traceback (host out of memory?)",
+                       watch.tail(), returncode)
+    return Failure(FailureClass.CRASHED, f"exited with code {returncode}", watch.tail(), returncode)

@@ -1,0 +1,288 @@
+"""Start an engine, know when it is ready or why it failed, and stop it without leftovers.
+
+The launcher knows processes, ports and logs; it knows nothing of flags, SLOs or Optuna.
+
+Lifecycle (illegal transitions raise):
+
+    CREATED -> STARTING -> READY -> STOPPING -> STOPPED
+                   \\                   ^
+                    +--> FAILED -------+   (a failed engine is still stopped: no leftovers)
+
+Readiness is ``GET /health`` == 200. Failure is known as soon as a log line proves it
+(``failures.PATTERNS``) or the process exits: the launcher never waits out its timeout when
+the engine already said why.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+
+from autotune.engine import gpu
+from autotune.engine.failures import Failure, FailureClass, LogWatch, classify_exit
+from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
+from autotune.errors import EngineFailure
+from autotune.locations import state_dir as default_state_dir
+
+__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free"]
+
+
+class EngineState(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+_ALLOWED = {
+    EngineState.CREATED: {EngineState.STARTING, EngineState.STOPPED},
+    EngineState.STARTING: {EngineState.READY, EngineState.FAILED, EngineState.STOPPING},
+    EngineState.READY: {EngineState.FAILED, EngineState.STOPPING},
+    EngineState.FAILED: {EngineState.STOPPING},
+    EngineState.STOPPING: {EngineState.STOPPED},
+    EngineState.STOPPED: set(),
+}
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]  # the whole command line, host and port included
+    port: int
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    log_dir: Path = Path("runs/engine")
+    startup_timeout: float = 900.0
+    stop_grace: float = 15.0
+    state_dir: Path | None = None  # where leftover records go (default: locations.state_dir())
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _holder_of(port: int) -> str:
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f" (held by pid {c.pid}, {psutil.Process(c.pid).name()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+class Engine:
+    """One engine process. Use as a context manager, or call start() and stop() yourself."""
+
+    def __init__(self, spec: LaunchSpec, on_line: Callable[[str], None] | None = None) -> None:
+        self.spec = spec
+        self.state = EngineState.CREATED
+        self.failure: Failure | None = None
+        self.started_at: float | None = None  # wall clock, for reports
+        self.ready_s: float | None = None  # seconds from launch to healthy
+        self.stop_s: float | None = None
+        self._on_line = on_line
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._watch = LogWatch()
+        self._watch_lock = threading.Lock()
+        self._failed = threading.Event()
+        self._readers: list[threading.Thread] = []
+        self._logs: list[IO[bytes]] = []
+        self._state_dir = spec.state_dir or default_state_dir()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _to(self, new: EngineState) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise RuntimeError(f"engine cannot go from {self.state.value} to {new.value}")
+        self.state = new
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        return {name: self.spec.log_dir / f"engine.{name}.log" for name in ("stdout", "stderr")}
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Launch and block until ready. Raises EngineFailure (the engine is stopped by then)."""
+        self._to(EngineState.STARTING)
+        try:
+            reap_leftovers(self._state_dir)
+            if not port_is_free(self.spec.host, self.spec.port):
+                self._fail(Failure(FailureClass.PORT_IN_USE,
+                                   f"port {self.spec.port} on {self.spec.host} is already in use{_holder_of(self.spec.port)}"))
+            self._launch()
+            self._wait_ready()
+        except BaseException:  # KeyboardInterrupt included: never leave the engine behind
+            self.stop()
+            raise
+
+    def _launch(self) -> None:
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.spec.argv, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        self._pgid = self._proc.pid  # start_new_session: the engine leads its own group
+        me = psutil.Process()
+        write_record(self._state_dir, EngineRecord(
+            pid=self._proc.pid, pgid=self._pgid, create_time=psutil.Process(self._proc.pid).create_time(),
+            owner_pid=me.pid, owner_create_time=me.create_time(), port=self.spec.port, argv=list(self.spec.argv),
+        ))
+        for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
+            log = open(self.log_paths[name], "wb")
+            self._logs.append(log)
+            t = threading.Thread(target=self._read, args=(stream, log), name=f"engine-{name}", daemon=True)
+            t.start()
+            self._readers.append(t)
+
+    def _read(self, stream: IO[bytes], log: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            log.write(raw)
+            log.flush()
+            line = raw.decode("utf-8", "replace")
+            with self._watch_lock:
+                hit = self._watch.feed(line)
+            if hit is not None:
+                self._detected_at = time.monotonic()
+                self._failed.set()
+            if self._on_line is not None:
+                self._on_line(line)
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = self._t0 + self.spec.startup_timeout
+        next_probe = 0.0
+        with httpx.Client(timeout=httpx.Timeout(2.0, connect=0.5)) as client:
+            while True:
+                # A log line that proves a failure wakes us at once.
+                if self._failed.wait(0.05):
+                    self._fail_from_log()
+                code = self._proc.poll()
+                if code is not None:
+                    self._drain_readers()
+                    self._fail_from_exit(code)
+                now = time.monotonic()
+                if now >= next_probe:
+                    next_probe = now + 0.25
+                    try:
+                        if client.get(self.url + "/health").status_code == 200:
+                            self.ready_s = time.monotonic() - self._t0
+                            self._to(EngineState.READY)
+                            return
+                    except httpx.TransportError:
+                        pass  # not listening yet: vLLM binds only once the engine is built
+                if now >= deadline:
+                    with self._watch_lock:
+                        tail = self._watch.tail()
+                    self._fail(Failure(FailureClass.STARTUP_TIMEOUT,
+                                       f"not healthy after {self.spec.startup_timeout:.0f} s", tail))
+
+    def _fail_from_log(self) -> None:
+        with self._watch_lock:
+            cls, line, excerpt = self._watch.found
+        self._fail(Failure(cls, line, excerpt, None, self._detected_at))
+
+    def _fail_from_exit(self, code: int) -> None:
+        with self._watch_lock:
+            f = classify_exit(code, self._watch)
+        self._fail(Failure(f.failure_class, f.summary, f.excerpt, code, time.monotonic()))
+
+    def _fail(self, failure: Failure) -> None:
+        self.failure = failure
+        self._to(EngineState.FAILED)
+        raise EngineFailure(failure)
+
+    def check(self) -> Failure | None:
+        """After ready: has the engine died? (Call between measurements.)"""
+        if self._proc is None or self.state is not EngineState.READY:
+            return self.failure
+        code = self._proc.poll()
+        if code is None:
+            return None
+        self._drain_readers()
+        with self._watch_lock:
+            f = classify_exit(code, self._watch)
+        if f.failure_class is not FailureClass.OOM:
+            f = Failure(FailureClass.CRASHED, f"died after becoming ready: {f.summary}", f.excerpt, code)
+        self.failure = f
+        self._to(EngineState.FAILED)
+        return f
+
+    def _drain_readers(self, timeout: float = 2.0) -> None:
+        for t in self._readers:
+            t.join(timeout)
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL after the grace, then wait for the port and GPU memory."""
+        if self.state in (EngineState.STOPPING, EngineState.STOPPED):
+            return
+        self._to(EngineState.STOPPING)
+        t0 = time.monotonic()
+        pids: set[int] = set()
+        if self._proc is not None and self._pgid is not None:
+            try:
+                tree = [psutil.Process(self._proc.pid), *psutil.Process(self._proc.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                tree = []
+            pids = {p.pid for p in tree} | {self._proc.pid}
+            kill_group(self._pgid, self.spec.stop_grace, extra=tree)
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._drain_readers()
+            for log in self._logs:
+                log.close()
+            deadline = time.monotonic() + 30
+            while not port_is_free(self.spec.host, self.spec.port) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            gpu.wait_released(pids, timeout=60)
+            remove_record(self._state_dir, self.spec.port)
+        self.stop_s = time.monotonic() - t0
+        self._to(EngineState.STOPPED)

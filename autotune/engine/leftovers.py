@@ -1,0 +1,111 @@
+"""Records of running engines, so that none outlives the autotune process that started it.
+
+A launcher writes ``engine-<port>.json`` (the engine's pid, process group and start time,
+and its own) before it waits for readiness, and removes it after a clean stop. A launcher
+killed with SIGKILL cannot clean up; the next launch on the host reads the record, sees the
+owner is gone, and kills the leftover group first. Start times guard against reused pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = ["EngineRecord", "write_record", "remove_record", "reap_leftovers", "kill_group", "group_members"]
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    pid: int
+    pgid: int
+    create_time: float
+    owner_pid: int
+    owner_create_time: float
+    port: int
+    argv: list[str]
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) < 0.01
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _path(state_dir: Path, port: int) -> Path:
+    return state_dir / "engines" / f"engine-{port}.json"
+
+
+def write_record(state_dir: Path, rec: EngineRecord) -> Path:
+    path = _path(state_dir, rec.port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(rec)))
+    os.replace(tmp, path)
+    return path
+
+
+def remove_record(state_dir: Path, port: int) -> None:
+    _path(state_dir, port).unlink(missing_ok=True)
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def kill_group(pgid: int, grace: float, extra: list[psutil.Process] = ()) -> None:
+    """SIGTERM the group (and ``extra`` processes that left it), SIGKILL what is left after ``grace``."""
+    targets = {p.pid: p for p in [*group_members(pgid), *extra]}
+    if not targets:
+        return
+    for p in targets.values():
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(list(targets.values()), timeout=grace)
+    for p in alive + [p for p in group_members(pgid) if p.pid not in targets]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
+    """Kill the engines whose launcher died. Returns the records it acted on."""
+    reaped = []
+    folder = state_dir / "engines"
+    if not folder.is_dir():
+        return reaped
+    me = psutil.Process()
+    for path in sorted(folder.glob("engine-*.json")):
+        try:
+            rec = EngineRecord(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            path.unlink(missing_ok=True)  # a torn record protects nothing
+            continue
+        owner_is_me = rec.owner_pid == me.pid and abs(rec.owner_create_time - me.create_time()) < 0.01
+        if _alive(rec.owner_pid, rec.owner_create_time) and not owner_is_me:
+            continue  # another live autotune owns it
+        if _alive(rec.pid, rec.create_time) or group_members(rec.pgid):
+            kill_group(rec.pgid, grace)
+            deadline = time.monotonic() + grace
+            while group_members(rec.pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        path.unlink(missing_ok=True)
+        reaped.append(rec)
+    return reaped
