@@ -52,7 +52,6 @@ REMOVED: dict[str, str] = {
     "--preemption-mode": "removed: the V1 engine always preempts by recompute",
     "--enable-prefix-projection": "not a vLLM flag; prefix caching is --enable-prefix-caching (on by default)",
     "--use-v2-block-manager": "removed: the V1 block manager is the only one",
-    "--disable-log-requests": "removed; request logging is off unless --enable-log-requests",
 }
 
 # Flags autotune sets itself: a user value would fight the launcher or bypass the validated space.
@@ -127,10 +126,13 @@ def bundled_table(version: str) -> FlagTable:
 DUMP_CODE = r"""
 import argparse, json, sys
 from importlib.metadata import version
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+import importlib
+for where in ("common", "launchers", "openai"):  # 0.33, 0.32, older
+    try:
+        make_arg_parser = importlib.import_module(f"vllm.entrypoints.{where}.cli_args").make_arg_parser
+        break
+    except ImportError:
+        continue
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = make_arg_parser(FlexibleArgumentParser())
 rows = []

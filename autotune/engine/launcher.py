@@ -261,6 +261,9 @@ class Engine:
         """SIGTERM the group, SIGKILL after the grace, then wait for the port and GPU memory."""
         if self.state in (EngineState.STOPPING, EngineState.STOPPED):
             return
+        if self.state is EngineState.CREATED:
+            self._to(EngineState.STOPPED)
+            return
         self._to(EngineState.STOPPING)
         t0 = time.monotonic()
         pids: set[int] = set()

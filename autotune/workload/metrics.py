@@ -5,7 +5,8 @@
 - E2E: from sending to the last chunk with choices (the usage chunk and [DONE] do not count).
 - TPOT: (E2E - TTFT) / (output_tokens - 1), for requests with more than one output token.
 - output tokens: from the usage chunk (``stream_options.include_usage``).
-- duration: from the first request's send to the last request's end; throughputs divide by it.
+- duration: from the first request's send to the last request's end (failed ones included);
+  throughputs divide by it.
 - goodput: completed requests that meet every latency SLO, per second of duration.
 
 Percentiles use numpy's linear interpolation, like vLLM. Failed requests are counted, never
@@ -40,6 +41,7 @@ class RequestResult:
     prompt_tokens: int = 0
     output_tokens: int = 0
     expected_output_tokens: int = 0
+    elapsed: float = 0.0  # send to the end of the exchange (success or not): failed requests take time too
 
     @property
     def tpot(self) -> float | None:
@@ -49,7 +51,7 @@ class RequestResult:
 
     @property
     def end_s(self) -> float:
-        return self.sent_s + (self.e2e or 0.0)
+        return self.sent_s + max(self.e2e or 0.0, self.elapsed)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

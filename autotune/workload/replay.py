@@ -197,6 +197,7 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
                                     expected_output_tokens=r.output_tokens)
                 results.append(res)
                 await _stream_one(client, r, model, res, request_id=f"{run_id}-{i}")
+                res.elapsed = time.perf_counter() - t0_perf - res.sent_s
             finally:
                 if sem is not None:
                     sem.release()
