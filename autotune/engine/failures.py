@@ -46,14 +46,17 @@ PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
         r"\berror: unrecognized arguments:",
         r"\berror: argument ",
         r"\berror: the following arguments are required",
-        r"validation errors? for \w+",
         r"must be greater than or equal to max_num_seqs",
         r"is smaller than max_model_len",
         r"\bValue error, ",
+        r"validation errors? for \w+",  # pydantic's header line; the "Value error" line follows it
     )
 ]
 
 EXCERPT_BEFORE = 12  # lines of context kept before the line that proves the class
+EXCERPT_AFTER = 6  # and after it (a pydantic error names the field on the next lines)
+# A header that only announces the proof: a more specific line of the same class may follow.
+_HEADERS = re.compile(r"validation errors? for \w+")
 
 
 @dataclass(frozen=True)
@@ -75,21 +78,39 @@ class Failure:
 
 @dataclass
 class LogWatch:
-    """Reads log lines as they come and remembers the first one that proves a failure."""
+    """Reads log lines as they come and remembers the first one that proves a failure.
+
+    ``found`` is (class, proving line, excerpt); the excerpt keeps growing with the lines that
+    follow the proof, up to EXCERPT_AFTER of them.
+    """
 
     recent: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
-    found: tuple[FailureClass, str, str] | None = None  # class, line, excerpt
+    found: tuple[FailureClass, str, str] | None = None
+    _after: int = 0
 
     def feed(self, line: str) -> tuple[FailureClass, str] | None:
         line = line.rstrip("\n")
         self.recent.append(line)
         if self.found is not None:
+            if self._after < EXCERPT_AFTER:
+                self._after += 1
+                cls, proof, excerpt = self.found
+                if _HEADERS.search(proof) and self._classify(line) is cls and not _HEADERS.search(line):
+                    proof = line.strip()  # the specific line beats its header
+                self.found = (cls, proof, excerpt + "\n" + line)
             return None
+        cls = self._classify(line)
+        if cls is not None:
+            before = list(self.recent)[-(EXCERPT_BEFORE + 1):]
+            self.found = (cls, line.strip(), "\n".join(before))
+            return cls, line
+        return None
+
+    @staticmethod
+    def _classify(line: str) -> FailureClass | None:
         for cls, pat in PATTERNS:
             if pat.search(line):
-                before = list(self.recent)[-(EXCERPT_BEFORE + 1):]
-                self.found = (cls, line.strip(), "\n".join(before))
-                return cls, line
+                return cls
         return None
 
     def tail(self, n: int = 30) -> str:

@@ -223,6 +223,11 @@ class Engine:
                                        f"not healthy after {self.spec.startup_timeout:.0f} s", tail))
 
     def _fail_from_log(self) -> None:
+        # The proof usually ends a burst (a traceback, a pydantic error): let the rest of the burst land
+        # in the excerpt. Bounded, so a failure is still reported well within 2 s of its line.
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline and self._proc is not None and self._proc.poll() is None:
+            time.sleep(0.02)
         with self._watch_lock:
             cls, line, excerpt = self._watch.found
         self._fail(Failure(cls, line, excerpt, None, self._detected_at))

@@ -3,7 +3,8 @@
 Real vLLM cannot tell us the truth about its own latencies, so the replay client is measured
 against this: every stream waits ``ttft`` before its first token and ``itl`` between tokens,
 emits exactly ``max_tokens`` tokens in vLLM's SSE shapes (completion and chat, usage chunk,
-``[DONE]``), and records when it actually wrote each chunk. ``GET /truth`` returns those
+``[DONE]``), and records when it actually wrote each chunk. A prompt containing FAIL gets
+an HTTP 500, to test how failures are counted. ``GET /truth`` returns those
 records, keyed by the request's ``x-request-id`` header, so a benchmark compares the client's
 TTFT and ITL with what the server did. Plain asyncio, HTTP/1.1 keep-alive, one process.
 
@@ -38,7 +39,11 @@ class FixedTimingServer:
                 if method == "GET":
                     await self._json(writer, self._get(path))
                 elif path in ("/v1/completions", "/v1/chat/completions"):
-                    await self._stream(writer, path, json.loads(body), headers.get("x-request-id"), t_recv)
+                    req = json.loads(body)
+                    if "FAIL" in json.dumps(req.get("prompt", req.get("messages"))):
+                        await self._json(writer, {"error": "asked to fail"}, 500)  # to test failure counting
+                    else:
+                        await self._stream(writer, path, req, headers.get("x-request-id"), t_recv)
                 else:
                     await self._json(writer, {"error": "not found"}, 404)
                 if headers.get("connection", "").lower() == "close":

@@ -1,0 +1,118 @@
+"""The replay client over real HTTP streams, against the fixed-timing server (known TTFT/ITL)."""
+
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from autotune.errors import MeasurementError
+from autotune.workload.metrics import summarize
+from autotune.workload.replay import ReplayOptions, payload_for, run_replay
+from autotune.workload.trace import Request, Workload
+from tests.conftest import free_port
+
+TTFT_MS, ITL_MS = 40.0, 10.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.sim.fixed_timing", "--port", str(port),
+                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+def workload(n, gap, out=5, api="completion", prompt="hello"):
+    return Workload(tuple(Request(i * gap, out, prompt=prompt, api=api) for i in range(n)))
+
+
+def truth(url):
+    return httpx.get(url + "/truth").json()
+
+
+def test_timings_match_the_server(server):
+    rep = run_replay(server, workload(20, 0.05, out=6), ReplayOptions(warmup_requests=2))
+    assert rep.model == "fixed-timing"
+    assert all(r.success for r in rep.results)
+    assert all(r.output_tokens == 6 and len(r.itl) == 5 for r in rep.results)
+    t = truth(server)
+    run = {k: v for k, v in t.items() if not k.startswith("w")}
+    prefix = max(k.rsplit("-", 1)[0] for k in run)
+    ttft_err = [abs(r.ttft - t[f"{prefix}-{r.index}"]["ttft"]) for r in rep.results]
+    itl_err = [abs(a - b) for r in rep.results for a, b in zip(r.itl, t[f"{prefix}-{r.index}"]["itl"])]
+    assert statistics.median(ttft_err) < 0.010
+    assert statistics.median(itl_err) < 0.005
+    s = summarize(rep.results)
+    assert s.completed == 20 and s.failed == 0
+    assert s.ttft.p50 == pytest.approx(TTFT_MS / 1000, abs=0.015)
+    assert s.tpot.p50 == pytest.approx(ITL_MS / 1000, abs=0.005)
+
+
+def test_chat_api(server):
+    rep = run_replay(server, workload(3, 0.0, out=4, api="chat"), ReplayOptions(warmup_requests=0))
+    assert all(r.success and r.output_tokens == 4 for r in rep.results)
+
+
+def test_open_loop_does_not_wait_for_earlier_requests(server):
+    # each request takes ~40 + 9*10 = 130 ms; they arrive every 20 ms
+    rep = run_replay(server, workload(10, 0.02, out=10), ReplayOptions(warmup_requests=0))
+    sends = [r.sent_s for r in rep.results]
+    ends = [r.end_s for r in rep.results]
+    assert sends[5] < ends[0]  # request 5 left before request 0 finished
+    assert [r.scheduled_s for r in rep.results] == pytest.approx([i * 0.02 for i in range(10)])
+    assert max(r.sent_s - r.scheduled_s for r in rep.results) < 0.1
+
+
+def test_load_factor_scales_arrivals(server):
+    rep = run_replay(server, workload(5, 0.2, out=2), ReplayOptions(load=4.0, warmup_requests=0))
+    assert [r.scheduled_s for r in rep.results] == pytest.approx([i * 0.05 for i in range(5)])
+
+
+def test_concurrency_cap_holds_requests_back(server):
+    rep = run_replay(server, workload(4, 0.0, out=3), ReplayOptions(max_concurrency=1, warmup_requests=0))
+    rs = sorted(rep.results, key=lambda r: r.sent_s)
+    for a, b in zip(rs, rs[1:]):
+        assert b.sent_s >= a.end_s - 0.002
+    assert summarize(rep.results).send_lag.p99 > 0.05  # the cap shows as send lag
+
+
+def test_failed_requests_are_counted_not_dropped(server):
+    w = Workload((Request(0.0, 3, prompt="ok"), Request(0.01, 3, prompt="please FAIL"), Request(0.02, 3, prompt="ok")))
+    rep = run_replay(server, w, ReplayOptions(warmup_requests=0))
+    assert len(rep.results) == 3
+    failed = [r for r in rep.results if not r.success]
+    assert len(failed) == 1 and "HTTP 500" in failed[0].error
+    s = summarize(rep.results)
+    assert (s.completed, s.failed) == (2, 1)
+    assert list(s.errors.values()) == [1]
+
+
+def test_unreachable_server():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(MeasurementError, match="cannot list the served models"):
+        run_replay(url, workload(1, 0.0))
+    rep = run_replay(url, workload(2, 0.0), ReplayOptions(model="m", warmup_requests=0))
+    assert [r.success for r in rep.results] == [False, False]
+    assert all(r.error for r in rep.results)
+
+
+def test_payload_shapes():
+    path, body = payload_for(Request(0, 7, prompt="q", prefix="sys", prefix_tokens=3, prefix_group="g"), "m")
+    assert path == "/v1/completions" and body["prompt"] == "sys\nq"
+    assert body["max_tokens"] == 7 and body["ignore_eos"] is True and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    path, body = payload_for(Request(0, 7, prompt="q", prefix="sys", prefix_tokens=3, prefix_group="g", api="chat"), "m")
+    assert path == "/v1/chat/completions"
+    assert body["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
