@@ -101,7 +101,7 @@ def main() -> None:
     print(f"accuracy ({acc['requests']} requests, {acc['failed']} failed), |client - server| in ms:")
     for k in ("ttft_error", "itl_error"):
         e = acc[k]
-        print(f"  {k[:4].upper():5} mean {e['mean_ms']:.2f}  p50 {e['p50_ms']:.2f}  p99 {e['p99_ms']:.2f}  (bias {e['bias_ms']:+.2f})")
+        print(f"  {k.split('_')[0].upper():5} mean {e['mean_ms']:.2f}  p50 {e['p50_ms']:.2f}  p99 {e['p99_ms']:.2f}  (bias {e['bias_ms']:+.2f})")
     caps = []
     print("capacity (one core, 8-token streams):")
     print("  rate req/s | completed req/s | failed | send lag p50 ms | p99 ms | client CPU ms/request")

@@ -67,7 +67,9 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     log_dir: Path = Path("runs/engine")
     startup_timeout: float = 900.0
-    stop_grace: float = 15.0
+    stop_grace: float = 15.0  # SIGTERM -> SIGKILL for an engine that was serving
+    failed_stop_grace: float = 2.0  # the same for one that failed: nothing to drain, and vLLM's API server
+    # can sit out SIGTERM while it waits for an engine core that already died
     state_dir: Path | None = None  # where leftover records go (default: locations.state_dir())
 
     @property
@@ -188,7 +190,6 @@ class Engine:
             with self._watch_lock:
                 hit = self._watch.feed(line)
             if hit is not None:
-                self._detected_at = time.monotonic()
                 self._failed.set()
             if self._on_line is not None:
                 self._on_line(line)
@@ -230,7 +231,7 @@ class Engine:
             time.sleep(0.02)
         with self._watch_lock:
             cls, line, excerpt = self._watch.found
-        self._fail(Failure(cls, line, excerpt, None, self._detected_at))
+        self._fail(Failure(cls, line, excerpt, self._proc.poll() if self._proc else None, time.monotonic()))
 
     def _fail_from_exit(self, code: int) -> None:
         with self._watch_lock:
@@ -269,6 +270,7 @@ class Engine:
         if self.state is EngineState.CREATED:
             self._to(EngineState.STOPPED)
             return
+        grace = self.spec.failed_stop_grace if self.state is EngineState.FAILED else self.spec.stop_grace
         self._to(EngineState.STOPPING)
         t0 = time.monotonic()
         pids: set[int] = set()
@@ -278,7 +280,7 @@ class Engine:
             except psutil.NoSuchProcess:
                 tree = []
             pids = {p.pid for p in tree} | {self._proc.pid}
-            kill_group(self._pgid, self.spec.stop_grace, extra=tree)
+            kill_group(self._pgid, grace, extra=tree)
             try:
                 self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -185,7 +185,6 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
         await warm_up(client, workload, model, options.warmup_requests, options.warmup_output_tokens)
         warmup_s = time.perf_counter() - tw
         sem = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
-        loop = asyncio.get_running_loop()
         t0_arrival = workload.requests[0].arrival_s
         results: list[RequestResult] = []
 
@@ -206,12 +205,13 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
 
         started_at = time.time()
         run_id = f"autotune-{int(started_at * 1000):x}"
-        t0_loop = loop.time() + _START_DELAY_S
         t0_perf = time.perf_counter() + _START_DELAY_S
         tasks = []
         for i, r in enumerate(workload.requests):
             scheduled = (r.arrival_s - t0_arrival) / options.load
-            delay = t0_loop + scheduled - loop.time()
+            # One clock (perf_counter) for the schedule and the measurement. Event-loop timers are
+            # coarser (uvloop's: 1 ms), so a send can be up to a millisecond early: the send lag shows it.
+            delay = t0_perf + scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i, r, scheduled)))
