@@ -89,6 +89,7 @@ def run_bench(command: EngineCommand, args: EngineArgs, table: FlagTable, worklo
     phase = on_phase or (lambda _: None)
     argv = command.argv(args, table)  # checks every flag before anything starts
     spec = LaunchSpec(argv=argv, port=command.port, host=command.host, env=dict(args.env), log_dir=log_dir,
+                      nice=command.nice,
                       startup_timeout=startup_timeout)
     result = BenchResult(url=spec.url, argv=argv, env=dict(args.env), started_at=time.time())
     engine = Engine(spec)

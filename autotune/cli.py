@@ -79,7 +79,33 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
     b.add_argument("--vllm-version", help="flag table to check against when vLLM's parser cannot be run")
     b.add_argument("--allow-trust-remote-code", action="store_true")
+    b.add_argument("--engine-nice", type=int, default=0,
+                   help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client")
     _add_workload(b)
+
+    st = sub.add_parser("study", help="search vLLM engine args for the most load within the SLOs (Optuna)",
+                        description="Run (or resume) the study a TOML file defines; flags override the file.")
+    st.add_argument("file", type=Path, help="study definition, e.g. studies/tiny-cpu.toml")
+    st.add_argument("--slo", action="append", default=[], help=SLO_HELP + "; replaces the file's SLOs")
+    st.add_argument("--trials", type=int, help="trials in the study in all, baselines included")
+    st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
+    st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
+    st.add_argument("--study-name", help="name of the study in the storage (default: the file's name)")
+    st.add_argument("--dry-run", type=int, nargs="?", const=5, metavar="N",
+                    help="print the first N trials' argv and env as JSON lines, launch nothing")
+    st.add_argument("--no-remeasure", action="store_true", help="skip re-measuring the top candidates")
+
+    for name, text in (("dashboard", "open the study in optuna-dashboard"),
+                       ("report", "write an HTML report of the study")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("file", type=Path, help="study definition")
+        q.add_argument("--storage", help="Optuna storage URL (default: the study's)")
+        q.add_argument("--study-name")
+        if name == "dashboard":
+            q.add_argument("--host", default="127.0.0.1")
+            q.add_argument("--port", type=int, default=8080)
+        else:
+            q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
 
     rp = sub.add_parser("replay", help="replay a workload against a running server and judge the SLOs")
     rp.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server")
@@ -175,7 +201,8 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
 
     slos = parse_slos(a.slo)
     command = EngineCommand(model=a.model, command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
-                            host=a.host, port=a.port, allow_trust_remote_code=a.allow_trust_remote_code)
+                            host=a.host, port=a.port, allow_trust_remote_code=a.allow_trust_remote_code,
+                            nice=a.engine_nice)
     table = table_for_engine(list(command.command), a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
     tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
@@ -205,6 +232,84 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return _finish(result, a)
 
 
+def _definition(a: argparse.Namespace):
+    from autotune.engine import gpu
+    from autotune.study.definition import load_study
+
+    d = load_study(a.file, default_platform="cuda" if gpu.devices() else "cpu")
+    return d.with_overrides(slos=getattr(a, "slo", None), trials=getattr(a, "trials", None),
+                            timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
+
+
+def cmd_study(a: argparse.Namespace) -> int:
+    from autotune.console import StudyView, print_comparison
+    from autotune.engine.flags import table_for_engine
+    from autotune.study.outputs import best_trial, comparison, write_best
+    from autotune.study.runner import StudyRun, open_study
+    from autotune.workload.source import LoadSteps
+
+    d = _definition(a)
+    table = table_for_engine(list(d.command.command))
+    if a.dry_run is not None:
+        from autotune.study.dryrun import dry_run
+
+        for line in dry_run(d, table, a.dry_run):
+            print(json.dumps(line))
+        return EXIT_OK
+    steps = LoadSteps(d.workload, d.objective.step_seconds)
+    study = open_study(d)
+    with StudyView(d.name, d.budget.trials) as view:
+        run = StudyRun(d, table, steps, show=view.show)
+
+        def best_so_far(study, trial) -> None:
+            b = best_trial(study)
+            if b is not None:
+                view.set_best(f"{b.user_attrs.get('capacity_rps', 0):.2f} req/s (trial {b.number})")
+
+        run.callbacks = [best_so_far]
+        try:
+            run.optimize(study)
+        except KeyboardInterrupt:
+            print(f"autotune: interrupted; the engine was stopped. Rerun the same command to resume study {d.name}.",
+                  file=sys.stderr)
+            return 130
+        remeasured = None if a.no_remeasure or d.objective.kind == "pareto" else run.remeasure(study)
+    winner = best_trial(study)
+    if remeasured is not None:
+        winner = study.trials[remeasured["winner_trial"]]
+    print_comparison(comparison(study, winner), remeasured)
+    if winner is None:
+        print("autotune: no trial met every SLO; see the dashboard: autotune dashboard " + str(a.file), file=sys.stderr)
+        return EXIT_SLO_MISS
+    paths = write_best(winner, d.command.model, d.run_dir)
+    print(f"best config: {paths['yaml']} (vllm serve --config), command line: {paths['command']}")
+    return EXIT_OK
+
+
+def cmd_dashboard(a: argparse.Namespace) -> int:
+    import subprocess
+
+    d = _definition(a)
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    if not Path(exe).exists() and not shutil.which(exe):
+        raise ConfigError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'")
+    argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
+    print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr)
+    try:
+        return subprocess.call(argv)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from autotune.study.report import write_report
+
+    d = _definition(a)
+    out = write_report(d, a.out or d.run_dir / "report.html")
+    print(f"report: {out}")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, engine_args = _split_engine_args(argv)
@@ -218,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "bench":
             return cmd_bench(a, engine_args)
+        if a.command == "study":
+            return cmd_study(a)
+        if a.command == "dashboard":
+            return cmd_dashboard(a)
+        if a.command == "report":
+            return cmd_report(a)
         return cmd_replay(a)
     except ConfigError as e:
         print(f"autotune: {e}", file=sys.stderr)

@@ -68,3 +68,68 @@ def print_result(result: BenchResult) -> None:
                 shown = f"{v.measured:.2f}"
             slo.add_row(v.slo.text, shown, "[green]holds[/]" if v.holds else "[red]misses[/]")
         out.print(slo)
+
+
+class StudyView:
+    """The live view of a study: the current trial, its phase, the best so far.
+
+    On a terminal a rich Live panel; elsewhere (CI, journald) one timestamped line per change.
+    """
+
+    def __init__(self, name: str, budget: int | None) -> None:
+        from rich.live import Live
+
+        self.name, self.budget = name, budget
+        self.line, self.best = "", "no feasible trial yet"
+        self._live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal else None
+
+    def __enter__(self) -> StudyView:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def show(self, line: str) -> None:
+        import time
+
+        self.line = line
+        if self._live is None:
+            err.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False, highlight=False)
+            return
+        from rich.panel import Panel
+
+        budget = f" / {self.budget} trials" if self.budget else ""
+        self._live.update(Panel(f"{line}\n[dim]best so far:[/] {self.best}", title=f"autotune study {self.name}{budget}"),
+                          refresh=True)
+
+    def set_best(self, text: str) -> None:
+        self.best = text
+
+
+def print_comparison(rows, remeasure: dict | None) -> None:
+    t = Table(title="best config against the baselines")
+    for col in ("config", "trial", "capacity req/s", "output tok/s", "p95 TTFT ms", "gain", "state"):
+        t.add_column(col, justify="left" if col in ("config", "state") else "right")
+    best = rows[0].capacity_rps if rows and rows[0].label.startswith("best") else None
+    for r in rows:
+        gain = "-"
+        if best is not None and r is not rows[0]:
+            gain = f"{(best / r.capacity_rps - 1) * 100:+.0f}%" if r.capacity_rps > 0 else "from 0"
+        t.add_row(r.label, str(r.trial), f"{r.capacity_rps:.2f}", f"{r.output_tok_s:.1f}",
+                  "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.0f}", gain, r.state)
+    out.print(t)
+    if remeasure:
+        m = Table(title="re-measured, interleaved (capacity req/s)")
+        for col in ("candidate", "runs", "median", "spread"):
+            m.add_column(col)
+        for c in remeasure["candidates"]:
+            m.add_row(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
+        out.print(m)
+        verdict = (f"{remeasure['winner']} beats {remeasure['baseline']} by {remeasure['gain_rps']:.2f} req/s, "
+                   f"more than the spread ({remeasure['noise_rps']:.2f})") if remeasure["significant"] else \
+            (f"no gain: {remeasure['winner']} vs {remeasure['baseline']} differ by {remeasure['gain_rps']:.2f} req/s, "
+             f"within the spread ({remeasure['noise_rps']:.2f})")
+        out.print(verdict)

@@ -56,3 +56,25 @@ def test_parse_range():
         parse_range("9-3", "x")
     with pytest.raises(ConfigError, match="a number or a range"):
         parse_range("lots", "x")
+
+
+def test_load_steps_keep_the_duration_and_draw_fresh_requests(tiny_model, tmp_path):
+    from autotune.workload.source import LoadSteps
+    from autotune.workload.trace import write_trace
+
+    spec = WorkloadSpec(scenario="high-concurrency", rate=10, num_requests=50, tokenizer=tiny_model,
+                        overrides={"prompt_tokens": (8, 16), "output_tokens": (4, 8)})
+    steps = LoadSteps(spec)
+    one, four = steps.at(1.0), steps.at(4.0)
+    assert len(four) == pytest.approx(4 * len(one), rel=0.25)
+    assert four.span_s == pytest.approx(one.span_s, rel=0.3)  # same duration, four times the rate
+    assert not {r.prompt for r in one.requests} & {r.prompt for r in four.requests}  # no repeats to cache
+    assert steps.at(4.0) is four  # built once
+
+    trace = steps.base
+    write_trace(trace, tmp_path / "t.jsonl")
+    replayed = LoadSteps(WorkloadSpec(trace=tmp_path / "t.jsonl"), duration_s=steps.duration_s)
+    three = replayed.at(3.0)
+    assert len(three) == pytest.approx(3 * (len(trace) - 1), abs=1)  # the trace, replayed again from its start
+    times = [r.arrival_s for r in three.requests]
+    assert times == sorted(times) and three.span_s <= steps.duration_s * 1.05

@@ -78,6 +78,7 @@ class EngineCommand:
     host: str = "127.0.0.1"
     port: int = 8100
     allow_trust_remote_code: bool = False
+    nice: int = 0  # CPU priority offset for the engine (see LaunchSpec.nice)
 
     @staticmethod
     def parse_command(text: str) -> tuple[str, ...]:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import enum
 import errno
 import os
-import signal
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -68,9 +67,10 @@ class LaunchSpec:
     log_dir: Path = Path("runs/engine")
     startup_timeout: float = 900.0
     stop_grace: float = 15.0  # SIGTERM -> SIGKILL for an engine that was serving
-    failed_stop_grace: float = 2.0  # the same for one that failed: nothing to drain, and vLLM's API server
-    # can sit out SIGTERM while it waits for an engine core that already died
+    unready_stop_grace: float = 2.0  # the same for one that never served (failed, or stopped while starting):
+    # nothing to drain, and vLLM's API server sits out SIGTERM while it waits for its engine core
     state_dir: Path | None = None  # where leftover records go (default: locations.state_dir())
+    nice: int = 0  # > 0 lowers the engine's CPU priority: on a CPU host it must not starve the load generator
 
     @property
     def url(self) -> str:
@@ -132,6 +132,13 @@ class Engine:
         return self.spec.url
 
     @property
+    def failed_after_s(self) -> float | None:
+        """Seconds from launch until the failure was known (None if it did not fail, or never launched)."""
+        if self.failure is None or self.failure.detected_at is None or self._proc is None:
+            return None
+        return self.failure.detected_at - self._t0
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
@@ -170,6 +177,9 @@ class Engine:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
         self._pgid = self._proc.pid  # start_new_session: the engine leads its own group
+        if self.spec.nice:
+            # set before vLLM spawns its engine core and workers (seconds later), which inherit it
+            psutil.Process(self._proc.pid).nice(self.spec.nice)
         me = psutil.Process()
         write_record(self._state_dir, EngineRecord(
             pid=self._proc.pid, pgid=self._pgid, create_time=psutil.Process(self._proc.pid).create_time(),
@@ -239,6 +249,8 @@ class Engine:
         self._fail(Failure(f.failure_class, f.summary, f.excerpt, code, time.monotonic()))
 
     def _fail(self, failure: Failure) -> None:
+        if failure.detected_at is None:
+            failure = replace(failure, detected_at=time.monotonic())
         self.failure = failure
         self._to(EngineState.FAILED)
         raise EngineFailure(failure)
@@ -270,7 +282,7 @@ class Engine:
         if self.state is EngineState.CREATED:
             self._to(EngineState.STOPPED)
             return
-        grace = self.spec.failed_stop_grace if self.state is EngineState.FAILED else self.spec.stop_grace
+        grace = self.spec.stop_grace if self.state is EngineState.READY else self.spec.unready_stop_grace
         self._to(EngineState.STOPPING)
         t0 = time.monotonic()
         pids: set[int] = set()

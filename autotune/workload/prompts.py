@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from autotune.errors import ConfigError
-from autotune.workload.trace import Request, Workload
+from autotune.workload.trace import Workload
 
 __all__ = ["Tokenizer", "load_tokenizer", "PromptBuilder", "materialize"]
 

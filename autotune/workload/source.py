@@ -7,7 +7,8 @@ model's tokenizer where the workload only has token counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.errors import ConfigError
@@ -15,7 +16,7 @@ from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
 from autotune.workload.trace import Workload, read_workload
 
-__all__ = ["WorkloadSpec", "load", "parse_range"]
+__all__ = ["WorkloadSpec", "load", "parse_range", "LoadSteps"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,44 @@ def parse_range(text: str, what: str) -> tuple[int, int]:
     if a > b or a < 0:
         raise ConfigError(f"{what} range {text!r} must be low-high with 0 <= low <= high")
     return a, b
+
+
+class LoadSteps:
+    """The workload at a load factor, for a fixed duration: what one capacity step replays.
+
+    Every step lasts as long (``duration_s``), so a higher load is a longer stream of requests
+    at a higher rate, not the same few requests squeezed into a shorter burst that a big batch
+    absorbs. Synthetic workloads draw fresh requests for each load (no accidental prefix-cache
+    hits from repeats); a trace is replayed again from its start, shifted in time, when the
+    step needs more requests than it holds. Built once per load and kept: trials reuse them.
+    """
+
+    def __init__(self, spec: WorkloadSpec, duration_s: float | None = None) -> None:
+        self.spec = spec
+        self.base = load(spec)
+        self.duration_s = duration_s or max(self.base.span_s, 1.0)
+        self._cache: dict[float, Workload] = {}
+
+    def at(self, load_factor: float) -> Workload:
+        key = round(load_factor, 6)
+        if key not in self._cache:
+            self._cache[key] = self._build(load_factor)
+        return self._cache[key]
+
+    def _build(self, load_factor: float) -> Workload:
+        rate = self.base.rate * load_factor
+        n = max(2, math.ceil(rate * self.duration_s))
+        if self.spec.scenario is not None:
+            return load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
+                                seed=self.spec.seed + int(load_factor * 1000)))
+        scaled = self.base.scaled(load_factor)
+        period = scaled.span_s + (1.0 / rate if math.isfinite(rate) else 0.0)
+        reqs = []
+        k = 0
+        while len(reqs) < n:
+            reqs += [replace(r, arrival_s=r.arrival_s + k * period) for r in scaled.requests]
+            k += 1
+        return Workload(tuple(reqs[:n]), self.base.name)
 
 
 def load(spec: WorkloadSpec) -> Workload:

@@ -1,0 +1,37 @@
+"""``autotune study --dry-run``: the exact command lines of the first trials, launching nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+
+from autotune.engine.flags import FlagTable
+from autotune.study.baselines import baseline_points
+from autotune.study.definition import StudyDefinition
+from autotune.study.precheck import ModelShape, precheck
+from autotune.study.runner import build_space, make_sampler
+
+__all__ = ["dry_run"]
+
+
+def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, Any]]:
+    """Baselines first, then sampled trials, as the real study would order them (in-memory, no storage)."""
+    space = build_space(d)
+    shape = ModelShape.from_dir(d.command.model)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=make_sampler(d.sampler, d.seed), direction="maximize")
+    for b in baseline_points(space, d.builtin_baselines, [(x.name, x.values) for x in d.baselines]):
+        study.enqueue_trial(b.params, user_attrs={"baseline": b.name, "baseline_args": b.extra_args})
+    for _ in range(n):
+        trial = study.ask()
+        values = space.sample(trial)
+        args = space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
+        line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.env)}
+        if trial.user_attrs.get("baseline"):
+            line["baseline"] = trial.user_attrs["baseline"]
+        if d.precheck and shape is not None and (reason := precheck(shape, args, d.platform)) is not None:
+            line["precheck"] = reason
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)  # sampled, not measured: teaches nothing
+        yield line

@@ -1,0 +1,310 @@
+"""A study, on Optuna: sampler, storage, baselines, trials, constraints, artifacts, re-measurement.
+
+What Optuna is told, per failure class (DESIGN.md):
+
+    measured, SLOs hold at some load   COMPLETE, value = capacity (req/s), constraints <= 0
+    measured, no load met the SLOs     COMPLETE, value = 0, constraints = how far the lowest load missed
+    oom (engine, or the pre-check)     PRUNED: TPE treats pruned trials as a bad region; constraints = +1000
+    crashed, startup-timeout           PRUNED, likewise (the config is the likely cause)
+    stopped by the pruner              PRUNED, with the capacity reached so far as its last value
+    invalid-args                       FAIL, and the study stops: a bug in the space, not a bad config
+    port-in-use                        FAIL: not the config's fault; samplers ignore FAIL trials
+
+Constraints are stored the legacy way (the sampler's ``constraints_func`` writes them to the
+trial's system attrs), which is what optuna-dashboard 0.21 shows; the capacity of a trial that
+meets no SLO is 0, below every trial that does, so the dashboard's "best" cannot pick it either.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.engine import gpu
+from autotune.engine.args import EngineArgs
+from autotune.engine.failures import FailureClass
+from autotune.engine.flags import FlagTable
+from autotune.errors import ConfigError
+from autotune.study.baselines import baseline_points
+from autotune.study.definition import StudyDefinition
+from autotune.study.measure import Outcome, measure_config
+from autotune.study.precheck import ModelShape, precheck
+from autotune.study.space import Space, default_space
+from autotune.workload.replay import ReplayOptions
+from autotune.workload.source import LoadSteps
+
+__all__ = ["StudyRun", "build_space", "open_study", "constraints_of", "make_sampler", "NO_MEASUREMENT"]
+
+NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
+_PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
+
+
+def constraints_of(trial: FrozenTrial) -> list[float]:
+    return list(trial.user_attrs.get("constraints", [NO_MEASUREMENT]))
+
+
+def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    # constraints_func is deprecated in Optuna 5 in favour of trial.set_constraint, but optuna-dashboard
+    # 0.21 shows only constraints written this way; group=True is "experimental" and is what lets
+    # multivariate TPE handle conditional parameters. Both on purpose: silence their warnings.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if kind == "gp":
+            return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints_of)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          constraints_func=constraints_of, n_startup_trials=5)
+
+
+def build_space(d: StudyDefinition) -> Space:
+    devices = gpu.devices()
+    mem = devices[0].total_bytes / (1 << 30) if devices else 0.0
+    params = d.params if d.params is not None else default_space(d.platform, mem, devices[0].name if devices else "")
+    shape = ModelShape.from_dir(d.command.model)
+    mml = d.fixed.values.get("max_model_len")
+    return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None))
+
+
+def open_study(d: StudyDefinition) -> optuna.Study:
+    directions = ["maximize", "minimize"] if d.objective.kind == "pareto" else ["maximize"]
+    if d.storage.startswith("sqlite:///"):
+        Path(d.storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(
+        study_name=d.name, storage=d.storage, sampler=make_sampler(d.sampler, d.seed), directions=directions,
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1) if len(directions) == 1
+        else optuna.pruners.NopPruner(), load_if_exists=True,
+    )
+    if study.directions != [optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else
+                            optuna.study.StudyDirection.MINIMIZE for x in directions]:
+        raise ConfigError(f"study {d.name!r} in {d.storage} was made with another objective; "
+                          "use another --study-name")
+    return study
+
+
+@dataclass
+class Candidate:
+    label: str
+    trial_number: int
+    args: EngineArgs
+    capacities: list[float] = field(default_factory=list)
+    runs: list[list[dict[str, Any]]] = field(default_factory=list)  # each run's load steps
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.capacities) if self.capacities else 0.0
+
+    @property
+    def spread(self) -> float:
+        return max(self.capacities) - min(self.capacities) if self.capacities else 0.0
+
+
+class StudyRun:
+    """Runs one study definition to its budget, then re-measures and names the winner."""
+
+    def __init__(self, d: StudyDefinition, table: FlagTable, steps: LoadSteps,
+                 show: Callable[[str], None] = lambda _: None) -> None:
+        self.d = d
+        self.table = table
+        self.steps = steps
+        self.space = build_space(d)
+        self.shape = ModelShape.from_dir(d.command.model)
+        self.show = show
+        self.store = FileSystemArtifactStore(str(self.artifact_dir))
+        self.host = socket.gethostname()
+        self.devices = gpu.devices()
+        self.callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = []
+
+    @property
+    def artifact_dir(self) -> Path:
+        p = self.d.run_dir / "artifacts"
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def prepare(self, study: optuna.Study) -> None:
+        """Fail what a dead process left RUNNING (single host), enqueue the baselines not yet run."""
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study.tell(t.number, state=TrialState.FAIL)
+        live = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING}
+        done = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state in live}
+        extra = [(b.name, b.values) for b in self.d.baselines]
+        for b in baseline_points(self.space, self.d.builtin_baselines, extra):
+            if b.name in done:
+                continue
+            self.space.engine_args(b.params, b.extra_args)  # a bad baseline is an error now, not a failed trial
+            study.enqueue_trial(b.params, user_attrs={"baseline": b.name, "baseline_args": b.extra_args,
+                                                      "baseline_notes": list(b.notes)})
+
+    # -- the objective -------------------------------------------------------------------
+
+    def args_for(self, trial: optuna.Trial | FrozenTrial, values: dict[str, Any]) -> EngineArgs:
+        return self.space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
+
+    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        t0 = time.monotonic()
+        values = self.space.sample(trial)
+        args = self.args_for(trial, values)
+        argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
+        label = trial.user_attrs.get("baseline") or "sampled"
+        trial.set_user_attr("argv", argv)
+        trial.set_user_attr("env", dict(args.env))
+        trial.set_user_attr("engine_args", args.to_json())
+        trial.set_user_attr("host", self.host)
+        trial.set_user_attr("gpus", [f"{g.index}:{g.name}" for g in self.devices])
+        self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
+        pareto = self.d.objective.kind == "pareto"
+
+        if self.d.precheck and self.shape is not None:
+            mem = self.devices[0].total_bytes if self.devices else None
+            reason = precheck(self.shape, args, self.d.platform, mem)
+            if reason is not None:
+                self._record_failure(trial, "oom", f"pre-check: {reason}", "", engine_seconds=0.0)
+                trial.set_user_attr("precheck", reason)
+                self.show(f"trial {trial.number}: pruned before launch: {reason}")
+                raise optuna.TrialPruned(reason)
+
+        def on_step(out: Outcome) -> bool:
+            self._record_steps(trial, out)
+            if pareto or trial.user_attrs.get("baseline"):
+                return False  # baselines are measured in full: every result is shown as a gain over them
+            trial.report(out.capacity_rps, len(out.steps) - 1)
+            return trial.should_prune()
+
+        out = measure_config(
+            self.d.command, args, self.table, self.steps.at, self.d.slos,
+            log_dir=self.d.run_dir / "trials" / f"{trial.number:04d}", startup_timeout=self.d.startup_timeout_s,
+            start_load=self.d.objective.start_load, max_steps=1 if pareto else self.d.objective.max_steps,
+            resolution=self.d.objective.resolution, replay=ReplayOptions(),
+            on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
+        )
+        self._record_timing(trial, out, time.monotonic() - t0)
+        self._upload(trial, out)
+        if out.stopped_early:
+            self.show(f"trial {trial.number}: pruned at {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
+            raise optuna.TrialPruned(f"capacity {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
+
+        if out.failure is not None:
+            f = out.failure
+            self._record_failure(trial, f.failure_class.value, f.summary, f.excerpt, out.engine_start_s)
+            self.show(f"trial {trial.number}: {f.failure_class.value}: {f.summary}")
+            if f.failure_class is FailureClass.INVALID_ARGS:
+                raise ConfigError(f"vLLM rejected trial {trial.number}'s args ({f.summary}); the space allows a "
+                                  "config vLLM refuses: fix the space (argv in the trial's user attrs)")
+            if f.failure_class in _PRUNED_CLASSES:
+                raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
+            raise RuntimeError(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
+
+        judged = out.judged_step()
+        trial.set_user_attr("constraints", [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
+                                            for v in judged.verdicts] or [0.0])
+        trial.set_user_attr("capacity_rps", out.capacity_rps)
+        cap = out.capacity
+        trial.set_user_attr("capacity_output_tok_s", cap.summary.output_throughput if cap else 0.0)
+        self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
+        if pareto:
+            s = judged.summary
+            return s.output_throughput, (s.ttft.p95 if s.ttft.p95 is not None else math.inf)
+        return out.capacity_rps
+
+    def _record_steps(self, trial: optuna.Trial, out: Outcome) -> None:
+        trial.set_user_attr("steps", [s.to_json() for s in out.steps])
+        judged = out.judged_step()
+        if judged is not None:
+            trial.set_user_attr("constraints", [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
+                                                for v in judged.verdicts] or [0.0])
+            trial.set_user_attr("capacity_rps", out.capacity_rps)
+
+    def _record_failure(self, trial: optuna.Trial, cls: str, summary: str, excerpt: str, engine_seconds: float) -> None:
+        trial.set_user_attr("failure_class", cls)
+        trial.set_user_attr("failure", summary[:2000])
+        trial.set_user_attr("failure_excerpt", excerpt[-6000:])
+        trial.set_user_attr("failure_engine_seconds", engine_seconds)
+        trial.set_user_attr("constraints", [NO_MEASUREMENT] * max(len(self.d.slos), 1))
+        trial.set_user_attr("capacity_rps", 0.0)
+
+    def _record_timing(self, trial: optuna.Trial, out: Outcome, wall: float) -> None:
+        trial.set_user_attr("engine_start_s", out.engine_start_s)
+        trial.set_user_attr("engine_stop_s", out.engine_stop_s)
+        trial.set_user_attr("replay_s", out.replay_s)
+        trial.set_user_attr("trial_wall_s", wall)
+
+    def _upload(self, trial: optuna.Trial, out: Outcome) -> None:
+        for path in out.log_paths.values():
+            if path.exists():
+                upload_artifact(study_or_trial=trial, file_path=str(path), artifact_store=self.store,
+                                mimetype="text/plain")
+        if out.requests_path is not None:
+            upload_artifact(study_or_trial=trial, file_path=str(out.requests_path), artifact_store=self.store,
+                            mimetype="application/x-ndjson")
+
+    # -- running ---------------------------------------------------------------------------
+
+    def remaining(self, study: optuna.Study) -> int | None:
+        if self.d.budget.trials is None:
+            return None
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return max(self.d.budget.trials - len(finished), 0)
+
+    def optimize(self, study: optuna.Study) -> None:
+        self.prepare(study)
+        n = self.remaining(study)
+        if n == 0:
+            self.show(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
+            return
+        study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(RuntimeError,),
+                       callbacks=self.callbacks)
+
+    def remeasure(self, study: optuna.Study) -> dict[str, Any] | None:
+        """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
+        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if all(c <= 0 for c in constraints_of(t))]
+        sampled = sorted((t for t in done if not t.user_attrs.get("baseline")), key=lambda t: -t.values[0])
+        baselines = sorted((t for t in done if t.user_attrs.get("baseline")), key=lambda t: -t.values[0])
+        if not baselines:
+            return None
+        picks = [(f"trial {t.number}", t) for t in sampled[: self.d.remeasure_top]]
+        picks.append((f"baseline {baselines[0].user_attrs['baseline']}", baselines[0]))
+        cands = [Candidate(label, t.number, _args_from(t)) for label, t in picks]
+        for rep in range(self.d.remeasure_repeats):
+            for c in cands:
+                self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
+                out = measure_config(
+                    self.d.command, c.args, self.table, self.steps.at, self.d.slos,
+                    log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
+                    startup_timeout=self.d.startup_timeout_s, start_load=self.d.objective.start_load,
+                    max_steps=self.d.objective.max_steps, resolution=self.d.objective.resolution,
+                    on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
+                )
+                c.capacities.append(out.capacity_rps)
+                c.runs.append([s.to_json() for s in out.steps])
+        base = cands[-1]
+        winner = max(cands, key=lambda c: c.median)
+        noise = max(winner.spread, base.spread)
+        gain = winner.median - base.median
+        result = {
+            "candidates": [{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
+                            "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
+            "winner": winner.label, "winner_trial": winner.trial_number, "baseline": base.label,
+            "gain_rps": gain, "noise_rps": noise, "significant": winner is not base and gain > noise,
+        }
+        study.set_user_attr("remeasure", result)
+        return result
+
+
+def _args_from(t: FrozenTrial) -> EngineArgs:
+    a = t.user_attrs["engine_args"]
+    return EngineArgs(a["values"], a["env"])

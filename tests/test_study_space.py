@@ -1,0 +1,153 @@
+"""The search space, baselines, pre-check and load ladder: pure parts of a study, no engine."""
+
+import optuna
+import pytest
+
+from autotune.engine.args import EngineArgs
+from autotune.errors import ConfigError
+from autotune.study.baselines import baseline_points
+from autotune.study.measure import Step, next_load
+from autotune.study.precheck import ModelShape, parse_bytes, precheck
+from autotune.study.space import Param, Space, default_space, vllm_default_batching
+from autotune.workload.metrics import summarize
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def cpu_space(**kw):
+    return Space(default_space("cpu"), "cpu", **kw)
+
+
+def test_sampled_points_never_break_vllms_rules():
+    space = Space(default_space("cuda", 80, "H100"), "cuda", max_model_len=8192)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(300):
+        t = study.ask()
+        values = space.sample(t)
+        flags = space.engine_args(values).values
+        assert flags["max_num_batched_tokens"] >= flags["max_num_seqs"]
+        if not flags["enable_chunked_prefill"]:
+            assert flags["max_num_batched_tokens"] >= 8192
+            assert "long_prefill_token_threshold" not in flags  # conditional: only with chunked prefill
+        assert flags["block_size"] in (16, 32)
+        study.tell(t, 0.0)
+
+
+def test_cpu_space_maps_memory_to_env_and_block_sizes():
+    space = cpu_space()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(50):
+        t = study.ask()
+        args = space.engine_args(space.sample(t))
+        assert "VLLM_CPU_KVCACHE_SPACE" in args.env and "VLLM_CPU_KVCACHE_SPACE" not in args.values
+        assert args.values["block_size"] % 32 == 0
+        study.tell(t, 0.0)
+
+
+def test_defaults_are_vllms_own():
+    assert vllm_default_batching("cpu") == (128, 2048)
+    assert vllm_default_batching("cuda", 80, "NVIDIA H100 80GB HBM3") == (1024, 8192)
+    assert vllm_default_batching("cuda", 80, "NVIDIA A100-SXM4-80GB") == (256, 2048)
+    assert vllm_default_batching("cuda", 180, "B200") == (1024, 16384)
+    d = cpu_space().complete({})
+    assert d["max_num_seqs"] == 128 and d["enable_chunked_prefill"] is True
+
+
+def test_space_validation():
+    with pytest.raises(ConfigError, match="not supported on cpu"):
+        Space((Param("block_size", "categorical", 32, choices=(16, 32)),), "cpu")
+    with pytest.raises(ConfigError, match="must name a bool parameter"):
+        Space((Param("long_prefill_token_threshold", "int", 0, low=0, high=10, when="nope"),), "cpu")
+    with pytest.raises(ConfigError, match="both a fixed engine arg and a search parameter"):
+        Space((Param("max_num_seqs", "int", 8, low=1, high=9),), "cpu", EngineArgs({"max_num_seqs": 4}))
+    with pytest.raises(ConfigError, match="needs low <= high"):
+        Param("x", "int", 1, low=5, high=1)
+    with pytest.raises(ConfigError, match="outside"):
+        cpu_space().complete({"max_num_seqs": 100000})
+
+
+def test_baselines_on_cpu_say_what_they_could_not_apply():
+    points = {b.name: b for b in baseline_points(cpu_space(max_model_len=4096),
+                                                 ("vllm-defaults", "xinference-4.1", "xinference-legacy"),
+                                                 [("production", {"max_num_seqs": 64, "kv_cache_dtype": "auto"})])}
+    assert points["vllm-defaults"].params["max_num_seqs"] == 128
+    x41 = points["xinference-4.1"]
+    assert x41.params["max_num_seqs"] == 256 and x41.params["block_size"] == 128
+    assert any("block_size 16 is not supported on cpu" in n for n in x41.notes)
+    assert any("gpu_memory_utilization" in n for n in x41.notes)
+    legacy = points["xinference-legacy"]
+    assert legacy.params["enable_chunked_prefill"] is False and legacy.params["enable_prefix_caching"] is False
+    assert "long_prefill_token_threshold" not in legacy.params
+    args = cpu_space(max_model_len=4096).engine_args(legacy.params, legacy.extra_args).values
+    assert args["max_num_batched_tokens"] >= 4096  # without chunked prefill: at least max_model_len
+    prod = points["production"]
+    assert prod.params["max_num_seqs"] == 64 and prod.extra_args == {"kv_cache_dtype": "auto"}
+
+
+def test_precheck_kv_formula_on_the_tiny_model(tiny_model):
+    shape = ModelShape.from_dir(tiny_model)
+    # 2 (K, V) x 4 layers x 2 KV heads x 64 head dim x 2 bytes (bf16)
+    assert shape.kv_bytes_per_token() == 2 * 4 * 2 * 64 * 2
+    small = EngineArgs({"kv_cache_memory_bytes": 33554432, "max_model_len": 32768})
+    reason = precheck(shape, small, "cpu")
+    assert "needs 64.0 MiB" in reason and "32.0 MiB" in reason
+    assert precheck(shape, EngineArgs({"kv_cache_memory_bytes": 67108864, "max_model_len": 32768}), "cpu") is None
+    assert precheck(shape, EngineArgs({"max_model_len": 4096}, {"VLLM_CPU_KVCACHE_SPACE": "1"}), "cpu") is None
+    assert precheck(shape, EngineArgs({"kv_cache_dtype": "fp8", "kv_cache_memory_bytes": "40M",
+                                       "max_model_len": 32768}), "cpu") is None  # fp8 halves it
+
+
+def test_precheck_gpu_weights_and_utilization():
+    llama70 = ModelShape(layers=80, kv_heads=8, head_dim=128, dtype="bfloat16", max_position=131072,
+                         weights_bytes=140 * (1 << 30))
+    h100 = 80 * (1 << 30)
+    assert "weights alone" in precheck(llama70, EngineArgs({"gpu_memory_utilization": 0.9}), "cuda", h100)
+    tp4 = EngineArgs({"gpu_memory_utilization": 0.9, "tensor_parallel_size": 4, "max_model_len": 131072})
+    assert precheck(llama70, tp4, "cuda", h100) is None  # 40 GiB of KV need vs ~148 GiB left
+    tp2 = EngineArgs({"gpu_memory_utilization": 0.9, "tensor_parallel_size": 2, "max_model_len": 131072})
+    assert "KV cache" in precheck(llama70, tp2, "cuda", h100)  # 144 GiB share - 140 GiB weights < 40 GiB
+
+
+def test_parse_bytes():
+    assert parse_bytes(1024) == 1024
+    assert parse_bytes("1k") == 1000 and parse_bytes("1K") == 1024 and parse_bytes("2G") == 2 << 30
+
+
+def step(load, passed):
+    from autotune.workload.metrics import RequestResult
+    from autotune.workload.slo import parse_slos
+
+    slo = parse_slos(["ttft<1s"])
+    r = RequestResult(0, 0, 0, True, ttft=0.1 if passed else 5.0, itl=[0.01], e2e=0.2, output_tokens=2)
+    s = summarize([r], slo)
+    return Step(load, 4 * load, s, s.verdicts(slo), 1.0)
+
+
+def test_load_ladder_doubles_halves_and_bisects():
+    assert next_load([], 1.0, 4, 1.25) == 1.0
+    assert next_load([step(1, True)], 1.0, 4, 1.25) == 2.0
+    assert next_load([step(1, True), step(2, True)], 1.0, 4, 1.25) == 4.0
+    assert next_load([step(1, True), step(2, False)], 1.0, 4, 1.25) == pytest.approx(2 ** 0.5)
+    assert next_load([step(1, False)], 1.0, 4, 1.25) == 0.5
+    assert next_load([step(1, True), step(1.2, False)], 1.0, 4, 1.25) is None  # resolved
+    assert next_load([step(1, True)] * 4, 1.0, 4, 1.25) is None  # budget spent
+
+
+def test_a_step_counts_only_if_the_client_offered_its_load():
+    from autotune.workload.metrics import RequestResult
+    from autotune.workload.slo import parse_slos
+
+    slo = parse_slos(["ttft<1s"])
+
+    def results(lateness):
+        return [RequestResult(i, i * 0.1, i * 0.1 * lateness, True, ttft=0.05, itl=[0.01], e2e=0.06, output_tokens=2)
+                for i in range(20)]
+
+    on_time = results(1.0)
+    s = summarize(on_time, slo)
+    assert Step(1, 10, s, s.verdicts(slo), 1.0, on_time).passed
+    late = results(1.2)  # the sends stretched 20 % past the schedule: the load was not offered
+    s = summarize(late, slo)
+    step = Step(1, 10, s, s.verdicts(slo), 1.0, late)
+    assert all(v.holds for v in step.verdicts) and not step.client_kept_up and not step.passed
+    assert step.to_json()["offered_share"] == pytest.approx(1 / 1.2)
