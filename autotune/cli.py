@@ -245,7 +245,7 @@ def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison
     from autotune.engine.flags import table_for_engine
     from autotune.study.outputs import best_trial, comparison, write_best
-    from autotune.study.runner import StudyRun, open_study
+    from autotune.study.runner import StudyRun, open_study, remeasured_winner
     from autotune.workload.source import LoadSteps
 
     d = _definition(a)
@@ -273,7 +273,9 @@ def cmd_study(a: argparse.Namespace) -> int:
             print(f"autotune: interrupted; the engine was stopped. Rerun the same command to resume study {d.name}.",
                   file=sys.stderr)
             return 130
-        remeasured = None if a.no_remeasure or d.objective.kind == "pareto" else run.remeasure(study)
+        remeasured = remeasured_winner(study)  # a rerun of a finished study keeps its verdict
+        if remeasured is None and not a.no_remeasure and d.objective.kind != "pareto":
+            remeasured = run.remeasure(study)
     winner = best_trial(study)
     if remeasured is not None:
         winner = study.trials[remeasured["winner_trial"]]

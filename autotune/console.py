@@ -128,8 +128,12 @@ def print_comparison(rows, remeasure: dict | None) -> None:
         for c in remeasure["candidates"]:
             m.add_row(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
         out.print(m)
-        verdict = (f"{remeasure['winner']} beats {remeasure['baseline']} by {remeasure['gain_rps']:.2f} req/s, "
-                   f"more than the spread ({remeasure['noise_rps']:.2f})") if remeasure["significant"] else \
-            (f"no gain: {remeasure['winner']} vs {remeasure['baseline']} differ by {remeasure['gain_rps']:.2f} req/s, "
-             f"within the spread ({remeasure['noise_rps']:.2f})")
+        if remeasure["winner"] == remeasure["baseline"]:
+            verdict = f"no gain: no searched config beat {remeasure['baseline']} on the median"
+        elif remeasure["significant"]:
+            verdict = (f"{remeasure['winner']} beats {remeasure['baseline']} by {remeasure['gain_rps']:.2f} req/s, "
+                       f"more than the spread ({remeasure['noise_rps']:.2f})")
+        else:
+            verdict = (f"no gain: {remeasure['winner']} and {remeasure['baseline']} differ by "
+                       f"{remeasure['gain_rps']:.2f} req/s, within the spread ({remeasure['noise_rps']:.2f})")
         out.print(verdict)

@@ -14,7 +14,7 @@ Two measurements for each of `oom` and `invalid-args`:
    The write time is not observable to the second here (the pipe delivers it at once), so it
    reports the time from the line reaching the launcher to the class being known, and to
    start() returning with every engine process gone (vLLM's API server sits out SIGTERM after
-   its engine core died, so that includes the 2 s SIGTERM->SIGKILL grace for failed engines).
+   its engine core died, so that includes the 0.5 s SIGTERM->SIGKILL grace for engines that never served).
    The peers wait out a 300-600 s health timeout instead.
 """
 

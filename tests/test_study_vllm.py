@@ -133,6 +133,9 @@ def test_rerun_resumes_without_new_trials(finished_study):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "budget of 5 trials already spent" in r.stderr
     assert len(optuna.load_study(study_name="tiny-real", storage=f"sqlite:///{runs}/studies.db").trials) == n
+    # the re-measured winner still stands: a rerun does not swap it for Optuna's single-run best
+    winner = study.user_attrs["remeasure"]["winner_trial"]
+    assert f"best config of trial {winner}," in (runs / "tiny-real" / "best.yaml").read_text()
 
 
 def test_report_and_dashboard_show_the_study(finished_study):

@@ -67,7 +67,7 @@ class LaunchSpec:
     log_dir: Path = Path("runs/engine")
     startup_timeout: float = 900.0
     stop_grace: float = 15.0  # SIGTERM -> SIGKILL for an engine that was serving
-    unready_stop_grace: float = 2.0  # the same for one that never served (failed, or stopped while starting):
+    unready_stop_grace: float = 0.5  # the same for one that never served (failed, or stopped while starting):
     # nothing to drain, and vLLM's API server sits out SIGTERM while it waits for its engine core
     state_dir: Path | None = None  # where leftover records go (default: locations.state_dir())
     nice: int = 0  # > 0 lowers the engine's CPU priority: on a CPU host it must not starve the load generator

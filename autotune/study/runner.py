@@ -44,7 +44,8 @@ from autotune.study.space import Space, default_space
 from autotune.workload.replay import ReplayOptions
 from autotune.workload.source import LoadSteps
 
-__all__ = ["StudyRun", "build_space", "open_study", "constraints_of", "make_sampler", "NO_MEASUREMENT"]
+__all__ = ["StudyRun", "build_space", "open_study", "constraints_of", "make_sampler", "remeasured_winner",
+           "NO_MEASUREMENT"]
 
 NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
@@ -300,9 +301,16 @@ class StudyRun:
                             "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
             "winner": winner.label, "winner_trial": winner.trial_number, "baseline": base.label,
             "gain_rps": gain, "noise_rps": noise, "significant": winner is not base and gain > noise,
+            "trials_seen": len(study.trials),  # a later trial makes this verdict stale
         }
         study.set_user_attr("remeasure", result)
         return result
+
+
+def remeasured_winner(study: optuna.Study) -> dict[str, Any] | None:
+    """The stored re-measurement, if no trial has run since it was made."""
+    r = study.user_attrs.get("remeasure")
+    return r if r and r.get("trials_seen") == len(study.trials) else None
 
 
 def _args_from(t: FrozenTrial) -> EngineArgs:

@@ -1,0 +1,90 @@
+"""The Optuna side of a study without an engine: pre-check pruning, baselines, resume bookkeeping."""
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.engine.flags import bundled_table
+from autotune.errors import ConfigError
+from autotune.study.definition import load_study
+from autotune.study.runner import StudyRun, constraints_of, open_study
+from autotune.workload.source import LoadSteps
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+STUDY = """
+name = "precheck-only"
+slos = ["ttft<1s"]
+storage = "sqlite:///{tmp}/s.db"
+runs_dir = "{tmp}/runs"
+
+[engine]
+command = "{tmp}/no-such-vllm serve"   # never launched: every candidate here is provably too small
+model = "{model}"
+platform = "cpu"
+
+[engine.args]
+max_model_len = 32768
+
+[space]
+kv_cache_memory_bytes = {{ type = "categorical", choices = [16777216, 33554432], default = 33554432 }}
+
+[workload]
+scenario = "high-concurrency"
+rate = 4
+requests = 8
+prompt_tokens = [8, 16]
+output_tokens = [4, 8]
+
+[budget]
+trials = 3
+
+[baselines]
+builtin = ["vllm-defaults"]
+"""
+
+
+@pytest.fixture
+def definition(tmp_path, tiny_model):
+    p = tmp_path / "s.toml"
+    p.write_text(STUDY.format(tmp=tmp_path, model=tiny_model))
+    return load_study(p)
+
+
+def test_provably_infeasible_candidates_are_pruned_at_zero_engine_seconds(definition):
+    run = StudyRun(definition, bundled_table("0.32"), LoadSteps(definition.workload))
+    study = open_study(definition)
+    run.optimize(study)
+    trials = study.trials
+    assert len(trials) == 3 and all(t.state == TrialState.PRUNED for t in trials)
+    for t in trials:
+        assert t.user_attrs["failure_class"] == "oom"
+        assert t.user_attrs["failure_engine_seconds"] == 0.0
+        assert "KV cache" in t.user_attrs["precheck"]
+        assert constraints_of(t) == [1000.0]
+        assert t.system_attrs["constraints"] == [1000.0]  # the legacy list optuna-dashboard reads
+        assert "--kv-cache-memory-bytes" in t.user_attrs["argv"]
+    assert trials[0].user_attrs["baseline"] == "vllm-defaults"
+    assert not (definition.run_dir / "trials").exists()  # nothing was launched
+
+
+def test_rerun_resumes_to_the_budget_and_does_not_enqueue_baselines_twice(definition):
+    run = StudyRun(definition, bundled_table("0.32"), LoadSteps(definition.workload))
+    study = open_study(definition)
+    run.optimize(study)
+    assert run.remaining(study) == 0
+    # a trial left RUNNING by a killed process is failed on the next start, and its baseline comes back
+    study2 = open_study(definition)
+    study2.enqueue_trial({"kv_cache_memory_bytes": 33554432}, user_attrs={"baseline": "production"})
+    stale = study2.ask()
+    assert stale.user_attrs["baseline"] == "production"
+    run.prepare(study2)
+    assert study2.trials[-1].state == TrialState.FAIL
+    waiting = [t for t in study2.trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs.get("baseline") for t in waiting] == []  # vllm-defaults already measured; production is not in this file
+
+
+def test_a_study_made_for_another_objective_is_refused(definition, tmp_path):
+    optuna.create_study(study_name="precheck-only", storage=definition.storage, directions=["maximize", "minimize"])
+    with pytest.raises(ConfigError, match="another objective"):
+        open_study(definition)
