@@ -16,14 +16,14 @@ from autotune import __version__
 from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.failures import Failure
 from autotune.engine.flags import FlagTable
-from autotune.engine.launcher import Engine, LaunchSpec
+from autotune.engine.launcher import Engine
 from autotune.errors import EngineFailure, MeasurementError
 from autotune.workload.metrics import RequestResult, Summary, summarize
 from autotune.workload.replay import Replay, ReplayOptions, run_replay
 from autotune.workload.slo import SLO, Verdict
 from autotune.workload.trace import Workload
 
-__all__ = ["BenchResult", "run_bench", "measure"]
+__all__ = ["BenchResult", "run_bench", "measure", "replay_on"]
 
 Phase = Callable[[str], None]  # "starting", "warming up", "replaying", "stopping"
 
@@ -82,16 +82,26 @@ def measure(url: str, workload: Workload, slos: list[SLO], options: ReplayOption
     return result
 
 
+def replay_on(engine: Engine, workload: Workload, options: ReplayOptions,
+              on_result: Callable[[RequestResult], None] | None = None) -> tuple[Replay | None, Failure | None]:
+    """Replay against a running engine; (replay, None), or (what was measured, why the engine died)."""
+    try:
+        replay = run_replay(engine.url, workload, options, on_result)
+    except MeasurementError:
+        failure = engine.check()
+        if failure is None:
+            raise
+        return None, failure  # the engine died: that is the result, not a measurement problem
+    return replay, engine.check()  # did it die under load?
+
+
 def run_bench(command: EngineCommand, args: EngineArgs, table: FlagTable, workload: Workload, slos: list[SLO],
               options: ReplayOptions, *, log_dir: Path, startup_timeout: float = 900.0,
               on_phase: Phase | None = None, on_result: Callable[[RequestResult], None] | None = None) -> BenchResult:
     """Start the engine with ``args``, replay ``workload``, stop it. Engine failures are results, not raises."""
     phase = on_phase or (lambda _: None)
-    argv = command.argv(args, table)  # checks every flag before anything starts
-    spec = LaunchSpec(argv=argv, port=command.port, host=command.host, env=dict(args.env), log_dir=log_dir,
-                      nice=command.nice,
-                      startup_timeout=startup_timeout)
-    result = BenchResult(url=spec.url, argv=argv, env=dict(args.env), started_at=time.time())
+    spec = command.launch_spec(args, table, log_dir, startup_timeout)  # checks every flag before anything starts
+    result = BenchResult(url=spec.url, argv=spec.argv, env=spec.env, started_at=time.time())
     engine = Engine(spec)
     try:
         phase("starting")
@@ -102,15 +112,9 @@ def run_bench(command: EngineCommand, args: EngineArgs, table: FlagTable, worklo
             return result
         result.engine_start_s = engine.ready_s
         phase("replaying")
-        try:
-            replay = run_replay(spec.url, workload, options, on_result)
-        except MeasurementError:
-            result.failure = engine.check()
-            if result.failure is None:
-                raise
-            return result  # the engine died: that is the result, not a measurement problem
-        result.failure = engine.check()  # did it die under load?
-        _judge(result, replay, slos)
+        replay, result.failure = replay_on(engine, workload, options, on_result)
+        if replay is not None:
+            _judge(result, replay, slos)
         return result
     finally:
         phase("stopping")

@@ -12,8 +12,10 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from autotune.engine.flags import FlagTable, check_args, dest_of, flag_of
+from autotune.engine.launcher import LaunchSpec
 from autotune.errors import ConfigError
 
 __all__ = ["EngineArgs", "EngineCommand", "Value"]
@@ -95,3 +97,8 @@ class EngineCommand:
             raise ConfigError("trust_remote_code runs code from the model's repository; "
                               "set allow_trust_remote_code = true in the study to permit it")
         return [*self.command, self.model, "--host", self.host, "--port", str(self.port), *flags]
+
+    def launch_spec(self, args: EngineArgs, table: FlagTable, log_dir: Path, startup_timeout: float) -> LaunchSpec:
+        """Everything the launcher needs to run ``args``, the flags checked first."""
+        return LaunchSpec(argv=self.argv(args, table), port=self.port, host=self.host, env=dict(args.env),
+                          log_dir=log_dir, startup_timeout=startup_timeout, nice=self.nice)

@@ -25,10 +25,11 @@ from typing import Any
 from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.failures import Failure
 from autotune.engine.flags import FlagTable
-from autotune.engine.launcher import Engine, LaunchSpec
-from autotune.errors import EngineFailure, MeasurementError
+from autotune.bench import replay_on
+from autotune.engine.launcher import Engine
+from autotune.errors import EngineFailure
 from autotune.workload.metrics import RequestResult, Summary, summarize
-from autotune.workload.replay import ReplayOptions, run_replay
+from autotune.workload.replay import ReplayOptions
 from autotune.workload.slo import SLO, Verdict
 from autotune.workload.trace import Workload
 
@@ -139,16 +140,14 @@ def next_load(steps: list[Step], start: float, max_steps: int, resolution: float
 
 def measure_config(command: EngineCommand, args: EngineArgs, table: FlagTable,
                    workload_at: Callable[[float], Workload], slos: list[SLO], *, log_dir: Path,
-                   startup_timeout: float, start_load: float = 1.0, max_steps: int = 4, resolution: float = 1.25, replay: ReplayOptions = ReplayOptions(),
+                   startup_timeout: float, start_load: float = 1.0, max_steps: int = 4, resolution: float = 1.25,
+                   replay: ReplayOptions = ReplayOptions(),
                    on_phase: Callable[[str], None] = lambda _: None,
                    on_step: Callable[[Outcome], bool] = lambda _: False) -> Outcome:
     """Start, step the load, stop. Engine failures are outcomes, not exceptions."""
     t0 = time.monotonic()
-    argv = command.argv(args, table)
-    out = Outcome(argv=argv, env=dict(args.env))
-    spec = LaunchSpec(argv=argv, port=command.port, host=command.host, env=dict(args.env), log_dir=log_dir,
-                      nice=command.nice,
-                      startup_timeout=startup_timeout)
+    spec = command.launch_spec(args, table, log_dir, startup_timeout)
+    out = Outcome(argv=spec.argv, env=spec.env)
     engine = Engine(spec)
     out.log_paths = engine.log_paths
     try:
@@ -165,17 +164,11 @@ def measure_config(command: EngineCommand, args: EngineArgs, table: FlagTable,
             on_phase(f"load step {len(out.steps) + 1}: {workload.rate:.2f} req/s")
             t = time.monotonic()
             options = replay if not out.steps else replace(replay, warmup_requests=0)  # warm once per engine
-            try:
-                rep = run_replay(spec.url, workload, options)
-            except MeasurementError:
-                out.failure = engine.check()
-                if out.failure is None:
-                    raise
-                return out
-            summary = summarize(rep.results, slos)
-            out.steps.append(Step(load, workload.rate, summary, summary.verdicts(slos), time.monotonic() - t,
-                                  rep.results))
-            out.failure = engine.check()
+            rep, out.failure = replay_on(engine, workload, options)
+            if rep is not None:
+                summary = summarize(rep.results, slos)
+                out.steps.append(Step(load, workload.rate, summary, summary.verdicts(slos), time.monotonic() - t,
+                                      rep.results))
             if out.failure is not None:
                 return out
             if on_step(out):

@@ -152,13 +152,10 @@ class StudyRun:
 
     # -- the objective -------------------------------------------------------------------
 
-    def args_for(self, trial: optuna.Trial | FrozenTrial, values: dict[str, Any]) -> EngineArgs:
-        return self.space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
-
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
         values = self.space.sample(trial)
-        args = self.args_for(trial, values)
+        args = self.space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
         label = trial.user_attrs.get("baseline") or "sampled"
         trial.set_user_attr("argv", argv)
@@ -209,10 +206,8 @@ class StudyRun:
                 raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
             raise RuntimeError(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
 
+        self._record_steps(trial, out)  # the final constraints and capacity
         judged = out.judged_step()
-        trial.set_user_attr("constraints", [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
-                                            for v in judged.verdicts] or [0.0])
-        trial.set_user_attr("capacity_rps", out.capacity_rps)
         cap = out.capacity
         trial.set_user_attr("capacity_output_tok_s", cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
