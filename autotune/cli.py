@@ -4,6 +4,7 @@
     autotune replay --url http://127.0.0.1:8000 --workload trace.jsonl --slo 'p99:tpot<50ms'
 
 Exit codes: 0 every SLO holds; 1 an SLO misses (or the engine failed); 2 bad usage.
+Subcommands import what they need when they run, so `autotune --help` does not load Optuna or numpy.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: st
                          warmup_requests=a.warmup, model=model, api_key=api_key)
 
 
-def _progress(total: int):
+def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotune.console import err
@@ -207,7 +208,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
     tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
     workload = load(_workload_spec(a, tokenizer))
-    with _progress(len(workload)) as progress:
+    with _progress() as progress:
         task = progress.add_task("starting engine", total=len(workload))
         result = run_bench(
             command, args, table, workload, slos, _replay_options(a), log_dir=a.log_dir,
@@ -225,7 +226,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
     slos = parse_slos(a.slo)
     workload = load(_workload_spec(a, a.tokenizer))
-    with _progress(len(workload)) as progress:
+    with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
         result = measure(a.url.rstrip("/"), workload, slos, _replay_options(a, a.model, a.api_key),
                          on_result=lambda _: progress.advance(task))
