@@ -88,3 +88,21 @@ def test_a_study_made_for_another_objective_is_refused(definition, tmp_path):
     optuna.create_study(study_name="precheck-only", storage=definition.storage, directions=["maximize", "minimize"])
     with pytest.raises(ConfigError, match="another objective"):
         open_study(definition)
+
+
+def test_best_config_files(tmp_path):
+    import yaml
+
+    from autotune.study.outputs import write_best
+
+    t = optuna.trial.create_trial(value=12.5, params={}, distributions={}, user_attrs={
+        "engine_args": {"values": {"max_num_seqs": 64, "enable_prefix_caching": False, "load_format": "dummy"},
+                        "env": {"VLLM_CACHE_ROOT": "/var/cache/x y"}},
+        "argv": ["vllm", "serve", "m", "--port", "8100", "--max-num-seqs", "64", "--load-format", "dummy"],
+        "capacity_rps": 12.5})
+    paths = write_best(t, "m", tmp_path)
+    text = paths["yaml"].read_text()
+    assert yaml.safe_load(text) == {"model": "m", "max-num-seqs": 64, "enable-prefix-caching": False}
+    assert "load_format dummy" in text and "VLLM_CACHE_ROOT='/var/cache/x y'" in text  # said, not configured
+    cmd = paths["command"].read_text()
+    assert "exec env VLLM_CACHE_ROOT='/var/cache/x y' vllm serve m --port 8100" in cmd

@@ -63,20 +63,22 @@ def comparison(study: optuna.Study, winner: FrozenTrial | None) -> list[Row]:
 def write_best(t: FrozenTrial, model: str, out_dir: Path) -> dict[str, Path]:
     """best.yaml for `vllm serve --config` (env vars as comments: YAML configs cannot set them) and best-command.sh."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    args: dict[str, Any] = t.user_attrs["engine_args"]["values"]
+    args: dict[str, Any] = dict(t.user_attrs["engine_args"]["values"])
     env: dict[str, str] = t.user_attrs["engine_args"]["env"]
-    config = {"model": model, **{flag_of(k)[2:]: v for k, v in args.items()}}
     header = [f"# autotune: best config of trial {t.number}, capacity {t.user_attrs.get('capacity_rps', 0):.2f} req/s",
               "# run: vllm serve --config best.yaml"]
+    if args.get("load_format") == "dummy":  # staging measured without reading weights; production must read them
+        del args["load_format"]
+        header.append("# (trials ran with load_format dummy; left out here so the real weights load)")
+    config = {"model": model, **{flag_of(k)[2:]: v for k, v in args.items()}}
     if env:
         header.append("# with environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     yaml_path = out_dir / "best.yaml"
     yaml_path.write_text("\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False))
-    argv = list(t.user_attrs["argv"])
-    cmd = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + (" " if env else "") + shlex.join(argv)
+    argv = list(t.user_attrs["argv"])  # exactly what was measured (staging host, port and load format)
+    env_prefix = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " if env else ""
     cmd_path = out_dir / "best-command.sh"
-    cmd_path.write_text("#!/bin/sh\n" + f"# autotune: trial {t.number}\nexec env {cmd}\n" if env else
-                        "#!/bin/sh\n" + f"# autotune: trial {t.number}\nexec {cmd}\n")
+    cmd_path.write_text(f"#!/bin/sh\n# autotune: trial {t.number}, as measured\nexec {env_prefix}{shlex.join(argv)}\n")
     summary = out_dir / "best.json"
     summary.write_text(json.dumps({"trial": t.number, "argv": argv, "env": env, "values": args,
                                    "capacity_rps": t.user_attrs.get("capacity_rps")}, indent=2) + "\n")
