@@ -287,19 +287,28 @@ class StudyRun:
                 )
                 c.capacities.append(out.capacity_rps)
                 c.runs.append([s.to_json() for s in out.steps])
-        base = cands[-1]
-        winner = max(cands, key=lambda c: c.median)
-        noise = max(winner.spread, base.spread)
-        gain = winner.median - base.median
-        result = {
-            "candidates": [{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
-                            "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
-            "winner": winner.label, "winner_trial": winner.trial_number, "baseline": base.label,
-            "gain_rps": gain, "noise_rps": noise, "significant": winner is not base and gain > noise,
-            "trials_seen": len(study.trials),  # a later trial makes this verdict stale
-        }
+        result = judge(cands)
+        result["trials_seen"] = len(study.trials)  # a later trial makes this verdict stale
         study.set_user_attr("remeasure", result)
         return result
+
+
+def judge(cands: list[Candidate]) -> dict[str, Any]:
+    """The verdict of a re-measurement; the best baseline is the last candidate.
+
+    The winner goes by median; a gain over the baseline no larger than the spread of either
+    (max - min of their runs) is not significant: on a noisy host it could be luck.
+    """
+    base = cands[-1]
+    winner = max(cands, key=lambda c: c.median)
+    noise = max(winner.spread, base.spread)
+    gain = winner.median - base.median
+    return {
+        "candidates": [{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
+                        "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
+        "winner": winner.label, "winner_trial": winner.trial_number, "baseline": base.label,
+        "gain_rps": gain, "noise_rps": noise, "significant": winner is not base and gain > noise,
+    }
 
 
 def remeasured_winner(study: optuna.Study) -> dict[str, Any] | None:
