@@ -36,6 +36,9 @@ __all__ = [
     "check_args",
     "dest_of",
     "flag_of",
+    "vllm_default_batching",
+    "SIMULATED_VLLM",
+    "is_simulator",
 ]
 
 # Flags that people copy from blog posts and old docs, with what to do instead (checked against 0.32/0.33).
@@ -101,6 +104,17 @@ def dest_of(flag: str) -> str:
 
 def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
+
+
+def vllm_default_batching(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that vLLM 0.33's API server picks (engine/arg_utils.py)."""
+    if platform == "cpu":
+        return 128, 2048
+    if gpu_memory_gib >= 160:
+        return 1024, 16384
+    if gpu_memory_gib >= 70 and "a100" not in gpu_name.lower():
+        return 1024, 8192
+    return 256, 2048
 
 
 # --- where tables come from ----------------------------------------------------------------
@@ -229,8 +243,18 @@ def dump_flags(python: str, timeout: float = 300) -> dict | None:
     return dump
 
 
+# The vLLM whose command line vllm-sim (autotune.sim) accepts.
+SIMULATED_VLLM = "0.33"
+
+
+def is_simulator(command: list[str]) -> bool:
+    return bool(command) and (os.path.basename(command[0]) == "vllm-sim" or "autotune.sim.cli" in command[:3])
+
+
 def table_for_engine(command: list[str], version: str | None = None) -> FlagTable:
     """The flags the engine behind ``command`` accepts: its own parser if we can run it, else bundled."""
+    if is_simulator(command):
+        return bundled_table(SIMULATED_VLLM)  # its Python may hold another vLLM; the sim takes 0.33's flags
     python = engine_python(command)
     if python is not None:
         dump = dump_flags(python)

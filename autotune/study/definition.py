@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.gpu import GpuInfo
+from autotune.engine.model import parse_bytes
 from autotune.errors import ConfigError
 from autotune.study.space import Param
 from autotune.workload.slo import SLO, parse_slos
@@ -67,6 +69,7 @@ class StudyDefinition:
     startup_timeout_s: float = 900.0
     runs_dir: Path = Path("runs")
     source: Path | None = None
+    gpus: tuple[GpuInfo, ...] | None = None  # [engine.gpu]: the engine's devices when NVML here cannot see them
 
     @property
     def run_dir(self) -> Path:
@@ -162,6 +165,7 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
                            # on a CPU host the engine and the replay client share the cores: the client goes first
                            nice=eng.get("nice", 10 if platform == "cpu" else 0, int))
     startup = parse_duration(eng.get("startup_timeout", 900), f"{where} [engine].startup_timeout")
+    gpus = _gpus(eng.get("gpu", None, dict), f"{where} [engine.gpu]")
     eng.done()
 
     params = None
@@ -186,7 +190,7 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
         rate=wl.get("rate", None, (int, float)), num_requests=wl.get("requests", 200, int),
         burstiness=float(wl.get("burstiness", 1.0, (int, float))), seed=wl.get("seed", 0, int),
         overrides=overrides, api=wl.get("api", None, str),
-        tokenizer=Path(wl.get("tokenizer", model, str)) if Path(wl.get("tokenizer", model, str)).exists() else None,
+        tokenizer=_tokenizer(wl.get("tokenizer", None, str), args, model),
     )
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
@@ -235,9 +239,35 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
         workload=workload, slos=slos, objective=objective, budget=budget, storage=str(data.get("storage", "")),
         sampler=sampler, seed=data.get("seed"), baselines=tuple(extra), builtin_baselines=builtin,
         precheck=bool(data.get("precheck", True)), remeasure_top=top, remeasure_repeats=repeats,
-        startup_timeout_s=startup, runs_dir=Path(data.get("runs_dir", "runs")), source=p,
+        startup_timeout_s=startup, runs_dir=Path(data.get("runs_dir", "runs")), source=p, gpus=gpus,
     )
     return d.with_overrides()
+
+
+def _tokenizer(given: str | None, engine_args: dict[str, Any], model: str) -> Path | None:
+    """Prompts are built with the tokenizer the engine counts with: the workload's, else vLLM's --tokenizer, else the model's."""
+    for candidate in (given, engine_args.get("tokenizer"), model):
+        if candidate and Path(str(candidate)).exists():
+            return Path(str(candidate))
+    return None
+
+
+def _gpus(spec: dict | None, where: str) -> tuple[GpuInfo, ...] | None:
+    """``[engine.gpu] name = "NVIDIA H100 80GB HBM3", memory = "79.6GiB", count = 1``: for an engine on
+    devices NVML on this host cannot see (vllm-sim, a remote staging host)."""
+    if spec is None:
+        return None
+    t = _Table(spec, where)
+    name = t.require("name", str)
+    try:
+        memory = parse_bytes(t.require("memory", (str, int)))
+    except ValueError:
+        raise ConfigError(f"{where}.memory must be a size like \"80GiB\" or a number of bytes") from None
+    count = t.get("count", 1, int)
+    t.done()
+    if count < 1 or memory <= 0:
+        raise ConfigError(f"{where}: count and memory must be positive")
+    return tuple(GpuInfo(i, name, memory, memory) for i in range(count))
 
 
 def _param(name: str, spec: Any, where: str) -> Param:

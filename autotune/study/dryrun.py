@@ -11,7 +11,7 @@ from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.precheck import ModelShape, precheck
-from autotune.study.runner import build_space, make_sampler
+from autotune.study.runner import build_space, devices_of, make_sampler
 
 __all__ = ["dry_run"]
 
@@ -20,6 +20,8 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
     """Baselines first, then sampled trials, as the real study would order them (in-memory, no storage)."""
     space = build_space(d)
     shape = ModelShape.from_dir(d.command.model)
+    devices = devices_of(d)
+    memory = devices[0].total_bytes if devices else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=make_sampler(d.sampler, d.seed), direction="maximize")
     for b in baseline_points(space, d.builtin_baselines, [(x.name, x.values) for x in d.baselines]):
@@ -31,7 +33,7 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
         line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.env)}
         if trial.user_attrs.get("baseline"):
             line["baseline"] = trial.user_attrs["baseline"]
-        if d.precheck and shape is not None and (reason := precheck(shape, args, d.platform)) is not None:
+        if d.precheck and shape is not None and (reason := precheck(shape, args, d.platform, memory)) is not None:
             line["precheck"] = reason
         study.tell(trial, state=optuna.trial.TrialState.FAIL)  # sampled, not measured: teaches nothing
         yield line

@@ -70,8 +70,13 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
                                           constraints_func=constraints_of, n_startup_trials=5)
 
 
+def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
+    """The engine's GPUs: as the study declares them ([engine.gpu]), else what NVML sees here."""
+    return list(d.gpus) if d.gpus is not None else gpu.devices()
+
+
 def build_space(d: StudyDefinition) -> Space:
-    devices = gpu.devices()
+    devices = devices_of(d)
     mem = devices[0].total_bytes / (1 << 30) if devices else 0.0
     params = d.params if d.params is not None else default_space(d.platform, mem, devices[0].name if devices else "")
     shape = ModelShape.from_dir(d.command.model)
@@ -125,7 +130,7 @@ class StudyRun:
         self.show = show
         self.store = FileSystemArtifactStore(str(self.artifact_dir))
         self.host = socket.gethostname()
-        self.devices = gpu.devices()
+        self.devices = devices_of(d)
         self.callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = []
 
     @property

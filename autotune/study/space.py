@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from autotune.engine.args import EngineArgs, Value
+from autotune.engine.flags import vllm_default_batching
 from autotune.errors import ConfigError
 
 __all__ = ["Param", "Space", "default_space", "BLOCK_SIZES", "Suggest"]
@@ -159,17 +160,6 @@ class Space:
 
     def with_fixed(self, fixed: EngineArgs, max_model_len: int | None) -> Space:
         return replace(self, fixed=fixed, max_model_len=max_model_len)
-
-
-def vllm_default_batching(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) that vLLM 0.33's API server picks (engine/arg_utils.py)."""
-    if platform == "cpu":
-        return 128, 2048
-    if gpu_memory_gib >= 160:
-        return 1024, 16384
-    if gpu_memory_gib >= 70 and "a100" not in gpu_name.lower():
-        return 1024, 8192
-    return 256, 2048
 
 
 def default_space(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> tuple[Param, ...]:

@@ -1,0 +1,97 @@
+"""The engine args that vllm-sim models, with vLLM 0.33's defaults for the simulated device.
+
+Every other `vllm serve` flag is accepted (the CLI checks it against vLLM's flag table) and
+has no effect on the simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.engine.flags import vllm_default_batching
+from autotune.engine.model import ModelShape, parse_bytes
+from autotune.sim.profiles import GpuProfile
+
+__all__ = ["SimConfig", "capture_sizes"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float = 0.92
+    kv_cache_memory_bytes: int | None = None
+    block_size: int = 16
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    async_scheduling: bool = False
+    long_prefill_token_threshold: int = 0
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    dtype: str = "auto"
+    load_format: str = "auto"
+    stream_interval: int = 1
+    max_cudagraph_capture_size: int | None = None
+
+    @classmethod
+    def from_args(cls, values: Mapping[str, Any], gpu: GpuProfile, shape: ModelShape) -> SimConfig:
+        seqs, tokens = vllm_default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
+        v = dict(values)
+        mml = int(v.get("max_model_len") or shape.max_position or 8192)
+        compilation = v.get("compilation_config") or {}
+        return cls(
+            max_model_len=mml,
+            max_num_seqs=int(v.get("max_num_seqs") or seqs),
+            max_num_batched_tokens=int(v.get("max_num_batched_tokens") or tokens),
+            gpu_memory_utilization=float(v.get("gpu_memory_utilization", 0.92)),
+            kv_cache_memory_bytes=parse_bytes(v["kv_cache_memory_bytes"]) if v.get("kv_cache_memory_bytes") else None,
+            block_size=int(v.get("block_size") or 16),
+            enable_chunked_prefill=bool(v.get("enable_chunked_prefill", True)),
+            enable_prefix_caching=bool(v.get("enable_prefix_caching", True)),
+            enforce_eager=bool(v.get("enforce_eager", False)),
+            async_scheduling=bool(v.get("async_scheduling", False)),
+            long_prefill_token_threshold=int(v.get("long_prefill_token_threshold") or 0),
+            tensor_parallel_size=int(v.get("tensor_parallel_size") or 1),
+            pipeline_parallel_size=int(v.get("pipeline_parallel_size") or 1),
+            kv_cache_dtype=str(v.get("kv_cache_dtype") or "auto"),
+            dtype=str(v.get("dtype") or "auto"),
+            load_format=str(v.get("load_format") or "auto"),
+            stream_interval=int(v.get("stream_interval") or 1),
+            max_cudagraph_capture_size=(int(compilation["max_cudagraph_capture_size"])
+                                        if isinstance(compilation, dict) and "max_cudagraph_capture_size" in compilation
+                                        else None),
+        )
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def validate(self) -> str | None:
+        """vLLM's own config errors (pydantic ValidationError at start-up), or None."""
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            return (f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                    f"({self.max_model_len}). This effectively limits the maximum sequence length to "
+                    "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                    "max_num_batched_tokens or decrease max_model_len.")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            return (f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
+                    f"max_num_seqs ({self.max_num_seqs}).")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            return f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+        if self.block_size % 16:
+            return f"block_size {self.block_size} is not supported by the CUDA attention backends (a multiple of 16)"
+        return None
+
+
+def capture_sizes(config: SimConfig) -> list[int]:
+    """The batch sizes vLLM captures CUDA graphs for (0.33: up to min(2 x max_num_seqs, 512))."""
+    if config.enforce_eager:
+        return []
+    top = config.max_cudagraph_capture_size or min(2 * config.max_num_seqs, 512)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return [s for s in sizes if s <= top]

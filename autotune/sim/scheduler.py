@@ -1,0 +1,261 @@
+"""A scheduler that behaves like vLLM V1's (v1/core/sched/scheduler.py, kv_cache_manager.py).
+
+Each step has a token budget of max_num_batched_tokens. Running requests are served first,
+in order: a decoding request takes one token, a partly prefilled one the rest of its prompt
+(a chunk when the budget or long_prefill_token_threshold cuts it). When the KV cache has no
+free block for a running request, the most recently admitted running request is preempted:
+its blocks are freed and it goes back to the head of the queue, to be recomputed from its
+prompt and the tokens it already produced. Only in a step without preemption are waiting
+requests admitted, first come first served, while fewer than max_num_seqs run and budget
+is left; without chunked prefill a prompt that does not fit the rest of the budget waits.
+
+The KV cache is a pool of blocks of block_size tokens. With prefix caching, every full block
+has a hash chained over its tokens; a freed block keeps its hash and stays reusable until it
+is evicted (least recently freed first), and an admitted request starts from the longest run
+of cached blocks of its prompt (never the whole prompt: the last token is always computed).
+
+Token identity is reduced to block hashes, which the caller computes (``Request.block_hashes``):
+from real token ids in the server, from the prefix group in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Request", "KVCache", "Scheduler", "StepPlan", "NoBlocks"]
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt_len: int
+    max_tokens: int
+    arrival_s: float = 0.0
+    # hash of each full block of the prompt (shared prefixes give equal hashes); output blocks
+    # get hashes of their own as they fill
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in the cache
+    num_output: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hits at the last admission
+    blocks: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # blocks already offered to the prefix cache
+    first_scheduled_s: float | None = None
+    finished: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what must be in the KV cache before the next token."""
+        return self.prompt_len + self.num_output
+
+    def hash_of_block(self, i: int) -> int:
+        if i < len(self.block_hashes):
+            return self.block_hashes[i]
+        return hash((self.id, "out", i))  # generated tokens are this request's own
+
+
+class NoBlocks(Exception):
+    pass
+
+
+class KVCache:
+    """Blocks with reference counts, a free queue in eviction order, and the prefix-cache map."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.ref = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # front: evicted first
+        self.cached: dict[int, int] = {}  # block hash -> block
+        self.hash_of: dict[int, int] = {}  # block -> its hash, while cached
+        self.queries = 0  # prefix-cache lookups, in tokens (vllm:prefix_cache_queries_total)
+        self.hits = 0  # tokens found (vllm:prefix_cache_hits_total)
+
+    @property
+    def usage(self) -> float:
+        """Share of blocks held by requests (vllm:kv_cache_usage_perc)."""
+        return 1.0 - len(self.free) / self.num_blocks if self.num_blocks else 0.0
+
+    def computed_blocks(self, req: Request) -> list[int]:
+        """The cached blocks a newly admitted request can start from."""
+        if not self.prefix_caching:
+            return []
+        out = []
+        # at least the last prompt token is computed, so its block cannot come from the cache
+        limit = (req.num_tokens - 1) // self.block_size
+        for i in range(limit):
+            b = self.cached.get(req.hash_of_block(i))
+            if b is None:
+                break
+            out.append(b)
+        self.queries += req.num_tokens
+        self.hits += len(out) * self.block_size
+        return out
+
+    def allocate(self, req: Request, num_new_tokens: int, computed: list[int] = ()) -> bool:
+        """Blocks for ``num_new_tokens`` more tokens of ``req``; False (and no change) when there are too few."""
+        held = len(req.blocks) + len(computed)
+        need = -(-(req.num_computed + len(computed) * self.block_size + num_new_tokens) // self.block_size) - held
+        # computed blocks that nobody holds sit in the free queue: taking them uses free capacity too
+        reuse_free = sum(1 for b in computed if self.ref[b] == 0)
+        if need > len(self.free) - reuse_free:
+            return False
+        for b in computed:
+            if self.ref[b] == 0:
+                del self.free[b]
+            self.ref[b] += 1
+            req.blocks.append(b)
+        for _ in range(max(need, 0)):
+            b, _ = self.free.popitem(last=False)
+            h = self.hash_of.pop(b, None)
+            if h is not None and self.cached.get(h) == b:
+                del self.cached[h]  # evicted
+            self.ref[b] = 1
+            req.blocks.append(b)
+        return True
+
+    def cache_full_blocks(self, req: Request) -> None:
+        if not self.prefix_caching:
+            return
+        full = req.num_computed // self.block_size
+        for i in range(req.num_hashed_blocks, full):
+            b = req.blocks[i]
+            if b in self.hash_of:
+                continue  # came from the cache
+            h = req.hash_of_block(i)
+            if h not in self.cached:  # a twin computed at the same time keeps the first copy
+                self.cached[h] = b
+                self.hash_of[b] = h
+        req.num_hashed_blocks = max(req.num_hashed_blocks, full)
+
+    def release(self, req: Request) -> None:
+        # tail first into the free queue, so a prompt's head (the shareable prefix) is evicted last
+        for b in reversed(req.blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free[b] = None
+        req.blocks = []
+        req.num_hashed_blocks = 0
+
+
+@dataclass
+class StepPlan:
+    """One step: tokens per request, and what each is (for the step's cost)."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunked_prefill: bool = True, prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
+                 max_model_len: int | None = None) -> None:
+        self.kv = KVCache(num_blocks, block_size, prefix_caching)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.threshold = long_prefill_token_threshold
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.on_finish: Callable[[Request], None] = lambda r: None
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        """A client went away: free what it holds."""
+        if req in self.running:
+            self.running.remove(req)
+            self.kv.release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.finished = True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _new_tokens(self, req: Request, budget: int) -> int:
+        n = req.num_tokens - req.num_computed
+        if 0 < self.threshold < n:
+            n = self.threshold
+        return min(n, budget)
+
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._new_tokens(req, budget)
+            while not self.kv.allocate(req, n):
+                victim = self.running.pop()  # FCFS: the latest admitted goes first
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                plan.scheduled.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        if plan.preempted:
+            return plan
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            computed = self.kv.computed_blocks(req)
+            cached = len(computed) * self.kv.block_size
+            want = req.num_tokens - cached
+            if not self.chunked_prefill and want > budget:
+                break
+            n = min(want, self.threshold, budget) if self.threshold > 0 else min(want, budget)
+            if not self.kv.allocate(req, n, computed):
+                break
+            self.waiting.popleft()
+            req.num_computed = cached
+            req.num_cached_tokens = cached
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now
+            self.running.append(req)
+            plan.scheduled.append((req, n))
+            budget -= n
+        return plan
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.release(req)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish_step(self, plan: StepPlan) -> list[Request]:
+        """Apply a step's work: returns the requests that produced a token in it."""
+        produced = []
+        done = []
+        for req, n in plan.scheduled:
+            req.num_computed += n
+            self.kv.cache_full_blocks(req)
+            if req.num_computed >= req.num_tokens:  # caught up: this step sampled a token
+                req.num_output += 1
+                produced.append(req)
+                if req.num_output >= req.max_tokens:
+                    done.append(req)
+        for req in done:
+            req.finished = True
+            self.running.remove(req)
+            self.kv.release(req)
+            self.on_finish(req)
+        return produced

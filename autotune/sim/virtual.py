@@ -1,0 +1,149 @@
+"""The simulated engine in virtual time: a workload under a config in a fraction of a second.
+
+The same Scheduler and StepModel as the HTTP server, without the clock: time jumps from one
+step's end to the next, or to the next arrival when the engine is idle. Results are the
+replay client's RequestResult records, so ``workload.metrics.summarize`` and the SLO verdicts
+apply unchanged, and so capacity means here what it means for a real engine.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.engine.model import ModelShape
+from autotune.sim.config import SimConfig
+from autotune.sim.perf import StepModel
+from autotune.sim.profiles import GpuProfile
+from autotune.sim.scheduler import Request, Scheduler
+from autotune.sim.startup import MemoryPlan, Startup, plan_startup
+from autotune.workload.metrics import RequestResult, summarize
+from autotune.workload.slo import SLO
+from autotune.workload.trace import Workload
+
+__all__ = ["SimEngine", "StartupFailed", "simulate", "capacity"]
+
+
+class StartupFailed(Exception):
+    def __init__(self, startup: Startup) -> None:
+        super().__init__(startup.failure[0] if startup.failure else "start-up failed")
+        self.startup = startup
+
+
+@dataclass
+class SimEngine:
+    """A started engine: the memory plan, the scheduler, the step cost."""
+
+    shape: ModelShape
+    gpu: GpuProfile
+    config: SimConfig
+    plan: MemoryPlan
+
+    @classmethod
+    def start(cls, shape: ModelShape, gpu: GpuProfile, config: SimConfig, used_by_others: int = 0) -> SimEngine:
+        s = plan_startup(shape, gpu, config, used_by_others=used_by_others)
+        if s.plan is None:
+            raise StartupFailed(s)
+        return cls(shape, gpu, config, s.plan)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.scheduler = Scheduler(num_blocks=self.plan.num_blocks, block_size=c.block_size,
+                                   max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+                                   chunked_prefill=c.enable_chunked_prefill, prefix_caching=c.enable_prefix_caching,
+                                   long_prefill_token_threshold=c.long_prefill_token_threshold,
+                                   max_model_len=c.max_model_len)
+        self.step_model = StepModel(self.shape, self.gpu, c)
+
+
+def _prompt_tokens(r) -> int:
+    if r.prompt_tokens is not None:
+        return r.prompt_tokens
+    return max(1, len(((r.prefix or "") + (r.prompt or "")).encode()) // 4)  # text-only traces: ~4 bytes a token
+
+
+def block_hashes(index: int, prompt_len: int, prefix_group: str | None, prefix_tokens: int, block_size: int) -> list[int]:
+    """Blocks wholly inside a shared prefix hash alike across its group; the rest are the request's own."""
+    shared = min(prefix_tokens, prompt_len) // block_size if prefix_group else 0
+    return [hash((prefix_group, i)) if i < shared else hash((index, i)) for i in range(prompt_len // block_size)]
+
+
+def simulate(engine: SimEngine, workload: Workload, *, keep_itl: bool = False,
+             on_step: Callable[[float, int], None] | None = None) -> list[RequestResult]:
+    """Replay ``workload`` (arrival times as given) on a fresh engine state; one result per request."""
+    sched = engine.scheduler
+    bs = engine.config.block_size
+    arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
+    heapq.heapify(arrivals)
+    results: list[RequestResult] = []
+    reqs: list[Request] = []
+    last: list[float] = []
+    for i, r in enumerate(workload.requests):
+        n = _prompt_tokens(r)
+        reqs.append(Request(str(i), n, max(1, r.output_tokens), r.arrival_s,
+                            block_hashes(i, n, r.prefix_group, r.prefix_tokens, bs)))
+        results.append(RequestResult(index=i, scheduled_s=r.arrival_s, sent_s=r.arrival_s, success=False,
+                                     prompt_tokens=n, expected_output_tokens=r.output_tokens))
+        last.append(0.0)
+    now = 0.0
+    while arrivals or sched.has_work:
+        while arrivals and arrivals[0][0] <= now:
+            _, i = heapq.heappop(arrivals)
+            if reqs[i].prompt_len > engine.config.max_model_len:
+                results[i].error = "prompt longer than max_model_len"  # vLLM answers 400
+                continue
+            sched.add(reqs[i])
+        if not sched.has_work:
+            now = arrivals[0][0]
+            continue
+        plan = sched.schedule(now)
+        if not plan:
+            raise RuntimeError("the scheduler can make no progress: a request needs more KV blocks than exist")
+        now += engine.step_model.step_seconds(plan)
+        if on_step is not None:
+            on_step(now, plan.num_tokens)
+        for req in sched.finish_step(plan):
+            i = int(req.id)
+            res = results[i]
+            t = now - req.arrival_s
+            if req.num_output == 1:
+                res.ttft = t
+            elif keep_itl:
+                res.itl.append(t - last[i])
+            last[i] = t
+            if req.finished:
+                res.success = True
+                res.e2e = res.elapsed = t
+                res.output_tokens = req.num_output
+    return results
+
+
+def capacity(start: Callable[[], SimEngine], workload_at: Callable[[float], Workload], slos: list[SLO], *,
+             lo: float = 0.25, hi: float = 64.0, resolution: float = 1.02) -> tuple[float, float]:
+    """(highest load factor where every SLO holds, its request rate), by bisection on the load.
+
+    Assumes that a config meeting its SLOs at some load meets them at every lower one: true of
+    queueing latency, and what a load ladder assumes too. 0 when even ``lo`` misses.
+    """
+    def holds(load: float) -> tuple[bool, float]:
+        w = workload_at(load)
+        s = summarize(simulate(start(), w), slos)
+        return s.failed == 0 and all(v.holds for v in s.verdicts(slos)), w.rate
+
+    ok, rate = holds(lo)
+    if not ok:
+        return 0.0, 0.0
+    best = (lo, rate)
+    ok, rate = holds(hi)
+    if ok:
+        return hi, rate
+    a, b = lo, hi
+    while b / a > resolution:
+        mid = (a * b) ** 0.5
+        ok, rate = holds(mid)
+        if ok:
+            a, best = mid, (mid, rate)
+        else:
+            b = mid
+    return best
