@@ -277,6 +277,12 @@ def cmd_study(a: argparse.Namespace) -> int:
         remeasured = remeasured_winner(study)  # a rerun of a finished study keeps its verdict
         if remeasured is None and not a.no_remeasure and d.objective.kind != "pareto":
             remeasured = run.remeasure(study)
+    if d.objective.kind == "pareto":
+        from autotune.console import print_pareto
+
+        front = [t for t in study.best_trials if all(c <= 0 for c in t.user_attrs.get("constraints", [0.0]))]
+        print_pareto(front)
+        return EXIT_OK if front else EXIT_SLO_MISS
     winner = best_trial(study)
     if remeasured is not None:
         winner = study.trials[remeasured["winner_trial"]]

@@ -137,3 +137,16 @@ def print_comparison(rows, remeasure: dict | None) -> None:
             verdict = (f"no gain: {remeasure['winner']} and {remeasure['baseline']} differ by "
                        f"{remeasure['gain_rps']:.2f} req/s, within the spread ({remeasure['noise_rps']:.2f})")
         out.print(verdict)
+
+
+def print_pareto(front) -> None:
+    """The Pareto front of output throughput against p95 TTFT: no single winner, the trade-off."""
+    t = Table(title="Pareto front: output throughput against p95 TTFT (trials meeting the SLOs)")
+    for col in ("trial", "output tok/s", "p95 TTFT ms", "config"):
+        t.add_column(col, justify="left" if col == "config" else "right")
+    for tr in sorted(front, key=lambda x: -x.values[0]):
+        label = tr.user_attrs.get("baseline") or ", ".join(f"{k}={v}" for k, v in tr.params.items())
+        t.add_row(str(tr.number), f"{tr.values[0]:.1f}", f"{tr.values[1] * 1000:.0f}", label)
+    out.print(t)
+    if not front:
+        out.print("no trial met every SLO: the front is empty")

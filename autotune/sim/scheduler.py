@@ -80,7 +80,7 @@ class KVCache:
         return 1.0 - len(self.free) / self.num_blocks if self.num_blocks else 0.0
 
     def computed_blocks(self, req: Request) -> list[int]:
-        """The cached blocks a newly admitted request can start from."""
+        """The cached blocks a newly admitted request can start from (see ``record_lookup``)."""
         if not self.prefix_caching:
             return []
         out = []
@@ -91,9 +91,20 @@ class KVCache:
             if b is None:
                 break
             out.append(b)
-        self.queries += req.num_tokens
-        self.hits += len(out) * self.block_size
         return out
+
+    def record_lookup(self, req: Request, hit_tokens: int) -> None:
+        """Count an admitted request's lookup in the prefix-cache counters.
+
+        Like vLLM (scheduler.py: "Record at admission so unscheduled lookups are not counted"):
+        a request that stays blocked at the head of the queue is looked up again every step but
+        counted once, and recomputation after a preemption is kept out of
+        vllm:prefix_cache_queries/hits (PrefixCacheStats.record counts it as preempted_*).
+        Counting every lookup inflated both counters while admission was blocked.
+        """
+        if self.prefix_caching and req.num_preemptions == 0:
+            self.queries += req.num_tokens
+            self.hits += hit_tokens
 
     def allocate(self, req: Request, num_new_tokens: int, computed: list[int] = ()) -> bool:
         """Blocks for ``num_new_tokens`` more tokens of ``req``; False (and no change) when there are too few."""
@@ -117,10 +128,11 @@ class KVCache:
             req.blocks.append(b)
         return True
 
-    def cache_full_blocks(self, req: Request) -> None:
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Offer the full blocks of the first ``num_tokens`` tokens (default: the computed ones) to the cache."""
         if not self.prefix_caching:
             return
-        full = req.num_computed // self.block_size
+        full = (req.num_computed if num_tokens is None else num_tokens) // self.block_size
         for i in range(req.num_hashed_blocks, full):
             b = req.blocks[i]
             if b in self.hash_of:
@@ -187,31 +199,36 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _new_tokens(self, req: Request, budget: int) -> int:
-        n = req.num_tokens - req.num_computed
-        if 0 < self.threshold < n:
-            n = self.threshold
-        return min(n, budget)
-
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
+        kv, bs, running = self.kv, self.kv.block_size, self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._new_tokens(req, budget)
-            while not self.kv.allocate(req, n):
-                victim = self.running.pop()  # FCFS: the latest admitted goes first
-                self._preempt(victim)
-                plan.preempted.append(victim)
-                if victim is req:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.prompt_len + req.num_output - req.num_computed
+            if 0 < self.threshold < n:
+                n = self.threshold
+            if n > budget:
+                n = budget
+            end = req.num_computed + n
+            # most steps of a decoding request fit the blocks it holds: no allocation to try
+            if end > len(req.blocks) * bs:
+                preempted_self = False
+                while not kv.allocate(req, n):
+                    victim = running.pop()  # FCFS: the latest admitted goes first
+                    self._preempt(victim)
+                    plan.preempted.append(victim)
+                    if victim is req:
+                        preempted_self = True
+                        break
+                if preempted_self:
                     break
-            else:
-                plan.scheduled.append((req, n))
-                budget -= n
-                i += 1
-                continue
-            break
+            if kv.prefix_caching and end // bs > req.num_hashed_blocks:
+                kv.cache_full_blocks(req, end)
+            plan.scheduled.append((req, n))
+            budget -= n
+            i += 1
         if plan.preempted:
             return plan
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -219,14 +236,23 @@ class Scheduler:
             computed = self.kv.computed_blocks(req)
             cached = len(computed) * self.kv.block_size
             want = req.num_tokens - cached
-            if not self.chunked_prefill and want > budget:
+            n = min(want, self.threshold) if self.threshold > 0 else want
+            # vLLM cuts the prompt to long_prefill_token_threshold before this check (as it does for
+            # running requests), so the threshold chunks even without chunked prefill
+            if not self.chunked_prefill and n > budget:
                 break
-            n = min(want, self.threshold, budget) if self.threshold > 0 else min(want, budget)
+            n = min(n, budget)
             if not self.kv.allocate(req, n, computed):
                 break
+            self.kv.record_lookup(req, cached)
             self.waiting.popleft()
             req.num_computed = cached
             req.num_cached_tokens = cached
+            # vLLM caches the blocks this step fills when it allocates them (allocate_slots ->
+            # cache_blocks), so a request admitted later in this same step shares a prefix that is
+            # being computed now instead of computing it again; caching only after the step made
+            # every request of a burst compute a shared system prompt of its own
+            self.kv.cache_full_blocks(req, cached + n)
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
             self.running.append(req)
@@ -246,12 +272,15 @@ class Scheduler:
         produced = []
         done = []
         for req, n in plan.scheduled:
-            req.num_computed += n
-            self.kv.cache_full_blocks(req)
+            req.num_computed += n  # its full blocks were offered to the cache when scheduled
             if req.num_computed >= req.num_tokens:  # caught up: this step sampled a token
                 req.num_output += 1
                 produced.append(req)
-                if req.num_output >= req.max_tokens:
+                # vLLM's check_stop also ends a request whose prompt and output reach max_model_len
+                # (finish_reason "length"); without it a request grew past max_model_len, and past a
+                # KV cache sized for max_model_len
+                if req.num_output >= req.max_tokens or (
+                        self.max_model_len is not None and req.num_tokens >= self.max_model_len):
                     done.append(req)
         for req in done:
             req.finished = True

@@ -158,7 +158,10 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
                      "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
                      "conserving_memory/ for more details.",)
         return s
-    need = kv_per_token * config.max_model_len
+    # vLLM counts whole blocks (max_memory_usage_bytes: cdiv(max_model_len, block_size) pages), so a
+    # max_model_len just past the estimated maximum fails instead of starting with a cache shorter
+    # than one max_model_len sequence
+    need = kv_per_token * (-(-config.max_model_len // config.block_size) * config.block_size)
     if need > kv:
         est = (kv // kv_per_token) // config.block_size * config.block_size
         est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""

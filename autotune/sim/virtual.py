@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.engine.model import ModelShape
 from autotune.sim.config import SimConfig
@@ -63,15 +63,29 @@ def _prompt_tokens(r) -> int:
     return max(1, len(((r.prefix or "") + (r.prompt or "")).encode()) // 4)  # text-only traces: ~4 bytes a token
 
 
-def block_hashes(index: int, prompt_len: int, prefix_group: str | None, prefix_tokens: int, block_size: int) -> list[int]:
+def block_hashes(index: int | str, prompt_len: int, prefix_group: str | None, prefix_tokens: int, block_size: int) -> list[int]:
     """Blocks wholly inside a shared prefix hash alike across its group; the rest are the request's own."""
     shared = min(prefix_tokens, prompt_len) // block_size if prefix_group else 0
     return [hash((prefix_group, i)) if i < shared else hash((index, i)) for i in range(prompt_len // block_size)]
 
 
-def simulate(engine: SimEngine, workload: Workload, *, keep_itl: bool = False,
+def simulate(engine: SimEngine, workload: Workload, *, warmup: int = 0, keep_itl: bool = False,
              on_step: Callable[[float, int], None] | None = None) -> list[RequestResult]:
-    """Replay ``workload`` (arrival times as given) on a fresh engine state; one result per request."""
+    """Replay ``workload`` (arrival times as given) on the engine; one result per request.
+
+    ``warmup``: first send that many of the workload's requests at once, 16 tokens each, and
+    run them to completion unmeasured, as the replay client's warm-up does (it fills the
+    prefix cache the way a running production engine has it filled).
+    """
+    if warmup > 0:
+        warm = [replace(r, arrival_s=0.0, output_tokens=min(r.output_tokens, 16))
+                for r in workload.requests[:warmup]]
+        _run(engine, Workload(tuple(warm), "warm-up"), keep_itl=False, on_step=None, tag="warm-up")
+    return _run(engine, workload, keep_itl=keep_itl, on_step=on_step, tag="")
+
+
+def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Callable[[float, int], None] | None,
+         tag: str) -> list[RequestResult]:
     sched = engine.scheduler
     bs = engine.config.block_size
     arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
@@ -81,8 +95,8 @@ def simulate(engine: SimEngine, workload: Workload, *, keep_itl: bool = False,
     last: list[float] = []
     for i, r in enumerate(workload.requests):
         n = _prompt_tokens(r)
-        reqs.append(Request(str(i), n, max(1, r.output_tokens), r.arrival_s,
-                            block_hashes(i, n, r.prefix_group, r.prefix_tokens, bs)))
+        reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s,
+                            block_hashes(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs)))
         results.append(RequestResult(index=i, scheduled_s=r.arrival_s, sent_s=r.arrival_s, success=False,
                                      prompt_tokens=n, expected_output_tokens=r.output_tokens))
         last.append(0.0)
@@ -104,7 +118,7 @@ def simulate(engine: SimEngine, workload: Workload, *, keep_itl: bool = False,
         if on_step is not None:
             on_step(now, plan.num_tokens)
         for req in sched.finish_step(plan):
-            i = int(req.id)
+            i = int(req.id[len(tag):])
             res = results[i]
             t = now - req.arrival_s
             if req.num_output == 1:

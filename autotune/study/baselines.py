@@ -52,6 +52,9 @@ def baseline_points(space: Space, builtin: tuple[str, ...], extra: list[tuple[st
                 if param.kind in ("int", "float") and not param.low <= value <= param.high:
                     notes.append(f"{key} {value} is outside the searched {param.low:g}..{param.high:g}; runs as given")
                     args[key] = value
+                elif param.kind == "categorical" and value not in param.choices:
+                    notes.append(f"{key} {value} is not among the searched {list(param.choices)}; runs as given")
+                    args[key] = value
                 else:
                     given[key] = value
             else:

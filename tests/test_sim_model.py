@@ -1,0 +1,701 @@
+"""The vllm-sim model itself: scheduler invariants, prefix caching, chunked prefill, start-up
+memory boundaries and the step-time model. Pure Python, no GPU, no engine; the whole file
+runs in a few seconds.
+
+The scheduler is driven directly (requests added over steps, ``schedule`` then
+``finish_step``), and its state is checked after every ``schedule`` against what vLLM V1's
+scheduler and KV cache manager guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from autotune.engine.failures import FailureClass, LogWatch, classify_exit
+from autotune.sim.config import SimConfig
+from autotune.sim.perf import StepModel
+from autotune.sim.profiles import gpu_profile, model_shape
+from autotune.sim.scheduler import Request, Scheduler, StepPlan
+from autotune.sim.startup import plan_startup
+from autotune.sim.virtual import SimEngine, StartupFailed, capacity, simulate
+from autotune.workload.metrics import summarize
+from autotune.workload.slo import parse_slos
+from autotune.workload.synth import SCENARIOS, synthesize
+
+GiB = 1 << 30
+H100 = gpu_profile("h100-80gb")
+
+
+# --- helpers: requests with block hashes, a checked driver ----------------------------------
+
+def hashes(rid: str, prompt_len: int, bs: int, group: str | None = None, shared_tokens: int = 0) -> list[int]:
+    """Full prompt blocks inside the shared part hash by group (equal across the group), the rest by request."""
+    shared = min(shared_tokens, prompt_len) // bs if group is not None else 0
+    return [hash(("group", group, i)) if i < shared else hash(("own", rid, i)) for i in range(prompt_len // bs)]
+
+
+def make_req(rid: str, prompt_len: int, max_tokens: int, bs: int = 16, group: str | None = None,
+             shared_tokens: int = 0) -> Request:
+    return Request(rid, prompt_len, max_tokens, block_hashes=hashes(rid, prompt_len, bs, group, shared_tokens))
+
+
+def make_sched(num_blocks: int = 64, bs: int = 16, seqs: int = 8, budget: int = 256, chunked: bool = True,
+               caching: bool = True, threshold: int = 0, max_model_len: int | None = None) -> Scheduler:
+    return Scheduler(num_blocks=num_blocks, block_size=bs, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                     chunked_prefill=chunked, prefix_caching=caching, long_prefill_token_threshold=threshold,
+                     max_model_len=max_model_len)
+
+
+def check_after_schedule(s: Scheduler, plan: StepPlan, running_before: set[int]) -> None:
+    kv = s.kv
+    bs = kv.block_size
+    # batch limits
+    assert len(s.running) <= s.max_num_seqs
+    assert plan.num_tokens <= s.max_num_batched_tokens
+    ids = [id(r) for r, _ in plan.scheduled]
+    assert len(ids) == len(set(ids)), "a request scheduled twice in one step"
+    new_tokens = {id(r): n for r, n in plan.scheduled}
+    running = {id(r) for r in s.running}
+    for r, n in plan.scheduled:
+        assert id(r) in running
+        assert 1 <= n <= r.num_tokens - r.num_computed
+        if s.threshold > 0:
+            assert n <= s.threshold
+        admitted = id(r) not in running_before
+        if admitted:
+            # starts from its prefix-cache hit, whole blocks only, never the last prompt token
+            assert r.num_computed == r.num_cached_tokens
+            assert r.num_cached_tokens % bs == 0
+            assert r.num_cached_tokens <= r.num_tokens - 1
+            if not kv.prefix_caching:
+                assert r.num_cached_tokens == 0
+            if not s.chunked_prefill and s.threshold == 0:
+                assert n == r.num_tokens - r.num_computed, "a prompt was chunked without chunked prefill"
+    if plan.preempted:
+        # a step that preempts admits nobody
+        assert all(id(r) in running_before for r, _ in plan.scheduled)
+    for r in plan.preempted:
+        assert r in s.waiting and r.blocks == [] and r.num_computed == 0 and r.num_preemptions > 0
+    # waiting requests hold nothing and have computed nothing
+    for r in s.waiting:
+        assert r.blocks == [] and r.num_computed == 0 and not r.finished
+    # each running request holds exactly the blocks for what it has computed plus this step's tokens
+    holders: Counter[int] = Counter()
+    for r in s.running:
+        assert len(r.blocks) == len(set(r.blocks)), "a request holds one block twice"
+        covered = r.num_computed + new_tokens.get(id(r), 0)
+        assert len(r.blocks) == math.ceil(covered / bs), (r.id, len(r.blocks), covered)
+        holders.update(r.blocks)
+        for i, b in enumerate(r.blocks):
+            if b in kv.hash_of:  # a cached block holds exactly this request's tokens at that position
+                assert kv.hash_of[b] == r.hash_of_block(i)
+                assert (i + 1) * bs <= covered, "a block is cached before it is full"
+    # reference counts, sharing, the free queue, conservation
+    for b in range(kv.num_blocks):
+        assert kv.ref[b] == holders[b], f"block {b}: ref {kv.ref[b]} but {holders[b]} holders"
+        assert (b in kv.free) == (holders[b] == 0), f"block {b}: free={b in kv.free}, holders={holders[b]}"
+        if holders[b] > 1:
+            assert kv.prefix_caching and b in kv.hash_of, f"block {b} shared by {holders[b]} but not a cached block"
+    assert len(kv.free) + len(holders) == kv.num_blocks
+    # the prefix-cache map and its inverse agree
+    assert len(kv.cached) == len(kv.hash_of)
+    for b, h in kv.hash_of.items():
+        assert kv.cached[h] == b
+    if not kv.prefix_caching:
+        assert not kv.cached
+
+
+def check_after_finish(s: Scheduler, plan: StepPlan, produced: list[Request]) -> None:
+    for r, _ in plan.scheduled:
+        assert r.num_output <= r.max_tokens
+        if r.finished:
+            assert r not in s.running and r.blocks == []
+            assert r.num_output == r.max_tokens or (s.max_model_len and r.num_tokens >= s.max_model_len)
+        else:
+            assert r in s.running
+            assert r.num_computed < r.num_tokens  # the newest token's KV is next step's work
+    assert all(r.num_computed + 1 >= r.num_tokens for r in produced)
+
+
+def drive(s: Scheduler, arrivals: list[tuple[int, Request]], max_steps: int = 50_000) -> int:
+    """Add each request at its step, run until all finish, check every step; returns steps taken."""
+    arrivals = sorted(arrivals, key=lambda a: a[0])
+    k = 0
+    step = 0
+    while k < len(arrivals) or s.has_work:
+        assert step < max_steps, "no progress"
+        while k < len(arrivals) and arrivals[k][0] <= step:
+            s.add(arrivals[k][1])
+            k += 1
+        before = {id(r) for r in s.running}
+        plan = s.schedule(float(step))
+        check_after_schedule(s, plan, before)
+        if s.has_work:
+            assert plan.scheduled or plan.preempted, "work left but nothing scheduled"
+        produced = s.finish_step(plan)
+        check_after_finish(s, plan, produced)
+        step += 1
+    # everything handed back
+    assert len(s.kv.free) == s.kv.num_blocks and not any(s.kv.ref)
+    return step
+
+
+def random_workload(seed: int, bs: int, n: int = 60, max_prompt: int = 360) -> list[tuple[int, Request]]:
+    """Requests over steps: some share a system prompt, some repeat a whole prompt (block-aligned
+    lengths included, so the last-token rule matters), the rest are their own."""
+    rng = random.Random(seed)
+    groups = [("sys-a", 64), ("sys-b", 160), ("sys-c", 5 * bs)]
+    templates = [("tmpl-0", 4 * bs), ("tmpl-1", 100), ("tmpl-2", 8 * bs)]
+    out = []
+    t = 0
+    for i in range(n):
+        t += rng.choice((0, 0, 1, 2, 3, 5))
+        rid = f"r{i}"
+        kind = rng.random()
+        if kind < 0.4:
+            g, p = rng.choice(groups)
+            length = min(p + rng.randint(1, 200), max_prompt)
+            req = Request(rid, length, rng.randint(1, 120), block_hashes=hashes(rid, length, bs, g, p))
+        elif kind < 0.6:
+            g, length = rng.choice(templates)
+            req = Request(rid, length, rng.randint(1, 120), block_hashes=hashes(rid, length, bs, g, length))
+        else:
+            length = rng.randint(1, max_prompt)
+            req = Request(rid, length, rng.randint(1, 120), block_hashes=hashes(rid, length, bs))
+        out.append((t, req))
+    return out
+
+
+# (name, scheduler kwargs, small cache: preemption must happen)
+CONFIGS = [
+    ("small-chunked-caching", dict(num_blocks=40, bs=16, seqs=8, budget=256), True),
+    ("small-chunked-nocache-threshold", dict(num_blocks=40, bs=16, seqs=8, budget=256, caching=False, threshold=64), True),
+    ("small-nochunk-caching", dict(num_blocks=40, bs=16, seqs=8, budget=512, chunked=False), True),
+    ("small-nochunk-nocache", dict(num_blocks=36, bs=16, seqs=6, budget=400, chunked=False, caching=False), True),
+    ("small-bs32-threshold", dict(num_blocks=20, bs=32, seqs=8, budget=300, threshold=100), True),
+    ("large-chunked-threshold", dict(num_blocks=2000, bs=16, seqs=16, budget=512, threshold=100), False),
+    ("few-seqs", dict(num_blocks=200, bs=16, seqs=2, budget=128), False),
+    # prompt + max_tokens past max_model_len: stopped there (prompts stay below it, as the server ensures)
+    ("max-model-len", dict(num_blocks=40, bs=16, seqs=8, budget=256, max_model_len=320), True),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("name,kw,small", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_scheduler_invariants_random(name, kw, small, seed):
+    s = make_sched(**kw)
+    mml = kw.get("max_model_len")
+    work = random_workload(seed, kw["bs"], max_prompt=mml - 20 if mml else 360)
+    drive(s, work)
+    reqs = [r for _, r in work]
+    if mml:
+        assert all(r.finished and r.num_output == min(r.max_tokens, mml - r.prompt_len) for r in reqs)
+        assert any(r.num_output < r.max_tokens for r in reqs)
+    else:
+        assert all(r.finished and r.num_output == r.max_tokens for r in reqs)
+    assert sum(r.num_preemptions for r in reqs) == s.num_preemptions
+    if small:
+        assert s.num_preemptions > 0, "the small cache never ran out: the test does not exercise preemption"
+        assert any(r.num_preemptions > 0 for r in reqs)
+    else:
+        assert s.num_preemptions == 0
+    if s.kv.prefix_caching:
+        assert s.kv.hits > 0 and any(r.num_cached_tokens > 0 for r in reqs)
+        # one lookup counted per request, at its first admission (recomputation is not counted)
+        assert s.kv.queries == sum(r.prompt_len for r in reqs)
+        assert s.kv.hits >= sum(r.num_cached_tokens for r in reqs if r.num_preemptions == 0)
+        assert s.kv.hits < s.kv.queries
+    else:
+        assert s.kv.hits == 0 and all(r.num_cached_tokens == 0 for r in reqs)
+
+
+def test_preempted_request_recomputes_prompt_and_outputs():
+    # two requests that cannot both grow in 8 blocks: the later one is preempted and recomputed
+    s = make_sched(num_blocks=8, bs=16, seqs=4, budget=256, caching=False)
+    a, b = make_req("a", 60, 40), make_req("b", 60, 40)
+    s.add(a)
+    s.add(b)
+    preempted_at = None
+    step = 0
+    while s.has_work:
+        plan = s.schedule(float(step))
+        if b in plan.preempted and preempted_at is None:
+            preempted_at = b.num_output
+            assert b.num_output > 0 and s.waiting[0] is b
+        if preempted_at is not None and b.num_computed == 0 and any(r is b for r, _ in plan.scheduled):
+            n = dict((r.id, n) for r, n in plan.scheduled)["b"]
+            assert n == b.prompt_len + b.num_output  # recompute prompt and the tokens it already produced
+        s.finish_step(plan)
+        step += 1
+    assert preempted_at is not None and b.num_preemptions >= 1
+    assert a.num_output == 40 and b.num_output == 40
+
+
+def test_fcfs_preemption_picks_latest_admitted():
+    s = make_sched(num_blocks=6, bs=16, seqs=4, budget=256, caching=False)
+    reqs = [make_req(f"r{i}", 16, 50) for i in range(3)]  # each takes one block, then grows
+    for r in reqs:
+        s.add(r)
+    victims = []
+    while s.has_work and not victims:
+        plan = s.schedule()
+        victims = plan.preempted
+        s.finish_step(plan)
+    assert victims and victims[0] is reqs[2]
+
+
+def test_abort_frees_blocks():
+    s = make_sched(num_blocks=32)
+    a, b = make_req("a", 100, 10), make_req("b", 50, 10)
+    s.add(a)
+    s.add(b)
+    s.finish_step(s.schedule())
+    s.abort(a)
+    assert a.finished and a.blocks == [] and a not in s.running
+    plan = s.schedule()
+    check_after_schedule(s, plan, {id(b)})
+
+
+def test_stops_at_max_model_len():
+    # vLLM finishes a request when prompt + output reaches max_model_len (check_stop), whatever max_tokens says
+    s = make_sched(num_blocks=8, bs=16, max_model_len=64)
+    r = make_req("r", 60, 100)
+    s.add(r)
+    for _ in range(50):
+        if not s.has_work:
+            break
+        s.finish_step(s.schedule())
+    assert r.finished and r.num_output == 4 and r.num_tokens == 64
+    assert len(s.kv.free) == 8
+
+
+# --- prefix caching -------------------------------------------------------------------------
+
+def run_until_done(s: Scheduler, *reqs: Request) -> None:
+    for r in reqs:
+        s.add(r)
+    for _ in range(10_000):
+        if not s.has_work:
+            return
+        s.finish_step(s.schedule())
+    raise AssertionError("did not finish")
+
+
+def admit(s: Scheduler, r: Request) -> int:
+    """Add ``r`` to an idle scheduler and run one step; returns the tokens it was given."""
+    s.add(r)
+    plan = s.schedule()
+    n = dict((id(q), n) for q, n in plan.scheduled)[id(r)]
+    s.finish_step(plan)
+    return n
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_shared_prefix_hits_only_with_prefix_caching(caching):
+    s = make_sched(num_blocks=64, caching=caching)
+    a = make_req("a", 100, 5, group="sys", shared_tokens=64)
+    run_until_done(s, a)
+    assert a.num_cached_tokens == 0
+    b = make_req("b", 90, 5, group="sys", shared_tokens=64)
+    n = admit(s, b)
+    if caching:
+        assert b.num_cached_tokens == 64 and s.kv.hits == 64 and n == 90 - 64
+        assert s.kv.queries == 100 + 90
+    else:
+        assert b.num_cached_tokens == 0 and s.kv.hits == 0 and n == 90
+    # a prompt that shares nothing gets nothing
+    c = make_req("c", 90, 5)
+    admit(s, c)
+    assert c.num_cached_tokens == 0
+
+
+def test_concurrent_requests_share_prefix_blocks():
+    s = make_sched(num_blocks=64)
+    a = make_req("a", 100, 50, group="sys", shared_tokens=64)
+    s.add(a)
+    s.finish_step(s.schedule())  # a's prompt is computed and its full blocks cached
+    b = make_req("b", 80, 50, group="sys", shared_tokens=64)
+    s.add(b)
+    plan = s.schedule()
+    check_after_schedule(s, plan, {id(a)})
+    assert b.blocks[:4] == a.blocks[:4]
+    assert all(s.kv.ref[blk] == 2 for blk in a.blocks[:4])
+    assert not set(a.blocks[4:]) & set(b.blocks[4:])
+
+
+def test_requests_admitted_in_one_step_share_the_prefix_being_computed():
+    # vLLM caches a request's full blocks when it allocates them (allocate_slots -> cache_blocks), so a
+    # request admitted later in the same step already hits the prefix the earlier one is computing
+    s = make_sched(num_blocks=64, budget=512)
+    a = make_req("a", 100, 5, group="sys", shared_tokens=64)
+    b = make_req("b", 90, 5, group="sys", shared_tokens=64)
+    s.add(a)
+    s.add(b)
+    plan = s.schedule()
+    check_after_schedule(s, plan, set())
+    assert {q.id: n for q, n in plan.scheduled} == {"a": 100, "b": 90 - 64}
+    assert b.num_cached_tokens == 64 and b.blocks[:4] == a.blocks[:4]
+    assert s.kv.hits == 64
+
+
+@pytest.mark.parametrize("length,expect", [(64, 48), (65, 64), (16, 0), (17, 16), (100, 96)])
+def test_last_prompt_token_is_never_cached(length, expect):
+    s = make_sched(num_blocks=64)
+    run_until_done(s, make_req("a", length, 1, group="doc", shared_tokens=length))
+    twin = make_req("b", length, 1, group="doc", shared_tokens=length)
+    n = admit(s, twin)
+    assert twin.num_cached_tokens == expect
+    assert n == length - expect >= 1
+
+
+def test_evicted_blocks_are_no_longer_hits():
+    s = make_sched(num_blocks=10, budget=512)
+    a = make_req("a", 64, 1, group="sys", shared_tokens=64)
+    run_until_done(s, a)
+    sys_hashes = list(a.block_hashes)
+    assert all(h in s.kv.cached for h in sys_hashes)  # freed but still cached
+    # a request that takes 9 of 10 blocks evicts least recently freed first: a's tail before its head
+    run_until_done(s, make_req("x", 9 * 16, 1))
+    assert sys_hashes[0] in s.kv.cached and not any(h in s.kv.cached for h in sys_hashes[1:])
+    b = make_req("b", 80, 1, group="sys", shared_tokens=64)
+    admit(s, b)
+    assert b.num_cached_tokens == 16  # only the surviving head block
+    run_until_done(s)
+    # a request that needs the whole cache evicts everything that was cached
+    run_until_done(s, make_req("y", 10 * 16, 1))
+    assert not any(h in s.kv.cached for h in sys_hashes)
+    hits = s.kv.hits
+    c = make_req("c", 80, 1, group="sys", shared_tokens=64)
+    admit(s, c)
+    assert c.num_cached_tokens == 0 and s.kv.hits == hits
+
+
+def test_prefix_cache_stats_count_each_admission_once():
+    # vLLM records prefix-cache queries/hits when a request is admitted (not on every blocked lookup),
+    # and not for recomputation after preemption (those are counted apart)
+    s = make_sched(num_blocks=12, seqs=4, budget=512)
+    run_until_done(s, make_req("warm", 64, 1, group="sys", shared_tokens=64))
+    big = make_req("big", 7 * 16, 10)  # holds most of the cache for a while
+    s.add(big)
+    s.finish_step(s.schedule())
+    q0, h0 = s.kv.queries, s.kv.hits
+    blocked = make_req("blocked", 164, 1, group="sys", shared_tokens=64)  # 4 cached blocks + 7 new
+    s.add(blocked)
+    for _ in range(5):
+        plan = s.schedule()
+        assert all(r is not blocked for r, _ in plan.scheduled)  # does not fit next to big
+        s.finish_step(plan)
+    assert (s.kv.queries, s.kv.hits) == (q0, h0)
+    run_until_done(s)
+    assert blocked.num_cached_tokens == 64
+    assert s.kv.queries == q0 + 164 and s.kv.hits == h0 + blocked.num_cached_tokens
+
+
+# --- chunked prefill ------------------------------------------------------------------------
+
+def test_without_chunked_prefill_a_prompt_waits_for_the_whole_budget():
+    s = make_sched(num_blocks=200, budget=512, chunked=False)
+    d = make_req("decoder", 100, 20)
+    admit(s, d)  # now decoding: one token a step
+    long = make_req("long", 512, 3)  # needs the whole budget; only 511 are left next to d
+    small = make_req("small", 10, 3)  # behind it in the queue: FCFS, it waits too
+    s.add(long)
+    s.add(small)
+    while not d.finished:
+        plan = s.schedule()
+        assert [r.id for r, _ in plan.scheduled] == ["decoder"]
+        s.finish_step(plan)
+    plan = s.schedule()
+    got = {r.id: n for r, n in plan.scheduled}
+    assert got == {"long": 512}  # whole, in one step; small does not fit the rest of this step's budget
+    s.finish_step(plan)
+    plan = s.schedule()
+    assert {r.id: n for r, n in plan.scheduled} == {"long": 1, "small": 10}
+
+
+def test_without_chunked_prefill_a_fitting_prompt_joins_the_batch():
+    s = make_sched(num_blocks=200, budget=512, chunked=False)
+    admit(s, make_req("decoder", 100, 20))
+    s.add(make_req("fits", 511, 3))
+    plan = s.schedule()
+    assert {r.id: n for r, n in plan.scheduled} == {"decoder": 1, "fits": 511}
+
+
+def test_chunked_prefill_splits_a_long_prompt_by_the_budget():
+    s = make_sched(num_blocks=200, budget=512)
+    r = make_req("long", 1300, 2)
+    s.add(r)
+    chunks = []
+    while r.num_output == 0:
+        plan = s.schedule()
+        chunks.append(dict((q.id, n) for q, n in plan.scheduled)["long"])
+        s.finish_step(plan)
+    assert chunks == [512, 512, 276]
+    # next to a decoding request the first chunk takes what the decode leaves
+    s2 = make_sched(num_blocks=200, budget=512)
+    admit(s2, make_req("decoder", 100, 20))
+    s2.add(make_req("long", 1300, 2))
+    plan = s2.schedule()
+    assert {q.id: n for q, n in plan.scheduled} == {"decoder": 1, "long": 511}
+
+
+def test_long_prefill_threshold_caps_each_chunk():
+    s = make_sched(num_blocks=400, budget=512, threshold=200)
+    a, b, c = make_req("a", 700, 2), make_req("b", 450, 2), make_req("c", 30, 2)
+    for r in (a, b, c):
+        s.add(r)
+    plan = s.schedule()
+    assert {q.id: n for q, n in plan.scheduled} == {"a": 200, "b": 200, "c": 30}
+    seen = []
+    while s.has_work:
+        plan = s.schedule()
+        seen += [n for q, n in plan.scheduled]
+        assert plan.num_tokens <= 512
+        s.finish_step(plan)
+    assert max(seen) <= 200
+
+
+def test_threshold_applies_before_the_no_chunking_budget_check():
+    # vLLM cuts a waiting prompt to long_prefill_token_threshold before it compares with the budget,
+    # so with chunked prefill off the threshold still chunks (as it does for running requests)
+    s = make_sched(num_blocks=200, budget=512, chunked=False, threshold=256)
+    admit(s, make_req("decoder", 100, 20))
+    s.add(make_req("long", 600, 2))
+    plan = s.schedule()
+    assert {q.id: n for q, n in plan.scheduled} == {"decoder": 1, "long": 256}
+
+
+# --- start-up memory boundaries -------------------------------------------------------------
+
+def startup(model: str, **args):
+    shape = model_shape(model)
+    used = args.pop("used_by_others", 0)
+    cfg = SimConfig.from_args(args, H100, shape)
+    return plan_startup(shape, H100, cfg, used_by_others=used), cfg
+
+
+def classified(line: str) -> FailureClass | None:
+    w = LogWatch()
+    w.feed("(EngineCore pid=1234) ERROR " + line)
+    return classify_exit(1, w).failure_class
+
+
+def bisect_utilization(model: str, lo: float, hi: float, **args) -> tuple[float, float]:
+    """(fails, starts): gpu_memory_utilization values 1e-6 apart around the boundary."""
+    assert startup(model, gpu_memory_utilization=lo, **args)[0].plan is None
+    assert startup(model, gpu_memory_utilization=hi, **args)[0].plan is not None
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        if startup(model, gpu_memory_utilization=mid, **args)[0].plan is None:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+@pytest.mark.parametrize("mml", [32768, 8192])
+def test_gpu_memory_utilization_boundary_qwen32b(mml):
+    lo, hi = bisect_utilization("qwen2.5-32b", 0.5, 1.0, max_model_len=mml)
+    ok, _ = startup("qwen2.5-32b", gpu_memory_utilization=hi, max_model_len=mml)
+    bad, _ = startup("qwen2.5-32b", gpu_memory_utilization=lo, max_model_len=mml)
+    assert ok.plan.num_blocks * ok.plan.block_size >= mml
+    (msg,) = bad.failure
+    assert ("No available memory for the cache blocks" in msg
+            or f"To serve at least one request with the model's max seq len ({mml})" in msg)
+    assert classified(msg) is FailureClass.OOM
+    # just below the boundary the KV cache exists but is short of one sequence: the max seq len text
+    assert "To serve at least one request" in msg and "estimated maximum model length is" in msg
+    # far below it there is no KV cache at all
+    far, _ = startup("qwen2.5-32b", gpu_memory_utilization=0.75, max_model_len=mml)  # less than the weights
+    assert "No available memory for the cache blocks" in far.failure[0]
+    assert classified(far.failure[0]) is FailureClass.OOM
+    # a 32B model in bf16 (61 GiB) on an 80 GB card: the boundary is near vLLM's 0.9 default
+    assert 0.8 < hi < 0.98
+    assert (mml == 32768) == (hi > 0.92)  # 32k context does not fit at the default 0.92; 8k does
+
+
+def test_max_model_len_boundary_is_the_kv_capacity():
+    util = 0.90
+    probe, _ = startup("qwen2.5-32b", gpu_memory_utilization=util, max_model_len=1024)
+    cap = probe.plan.kv_tokens  # independent of max_model_len
+    assert 1024 < cap < 32768 and cap % 16 == 0
+    ok, _ = startup("qwen2.5-32b", gpu_memory_utilization=util, max_model_len=cap)
+    assert ok.plan is not None and ok.plan.kv_tokens == cap
+    for over in (cap + 1, cap + 15, cap + 16):
+        bad, _ = startup("qwen2.5-32b", gpu_memory_utilization=util, max_model_len=over)
+        assert bad.plan is None, f"max_model_len {over} started with a KV cache of {cap} tokens"
+        (msg,) = bad.failure
+        assert f"To serve at least one request with the model's max seq len ({over})" in msg
+        assert f"the estimated maximum model length is {cap}." in msg
+        assert classified(msg) is FailureClass.OOM
+
+
+def test_llama70b_needs_tensor_parallelism():
+    one, _ = startup("llama-3.1-70b", max_model_len=8192)
+    assert one.plan is None and one.failure[0].startswith("torch.OutOfMemoryError")
+    assert classified(one.failure[0]) is FailureClass.OOM
+    four, cfg = startup("llama-3.1-70b", max_model_len=8192, tensor_parallel_size=4)
+    assert four.plan is not None and four.plan.num_blocks > 0
+    assert four.plan.weights < 40 * GiB  # a quarter of ~131 GiB per GPU
+    # SimEngine.start goes by the same plan
+    shape = model_shape("llama-3.1-70b")
+    assert SimEngine.start(shape, H100, cfg).plan.num_blocks == four.plan.num_blocks
+    with pytest.raises(StartupFailed, match="OutOfMemoryError"):
+        SimEngine.start(shape, H100, SimConfig.from_args({"max_model_len": 8192}, H100, shape))
+
+
+def test_memory_used_by_others():
+    bad, cfg = startup("llama-3.1-8b", used_by_others=10 * GiB)
+    (msg,) = bad.failure
+    assert "on startup is less than desired GPU memory utilization (0.92," in msg
+    assert classified(msg) is FailureClass.OOM
+    # the same engine with a lower utilization fits beside the other process
+    ok, _ = startup("llama-3.1-8b", used_by_others=10 * GiB, gpu_memory_utilization=0.85)
+    assert ok.plan is not None
+    small, _ = startup("llama-3.1-8b", used_by_others=2 * GiB)
+    assert small.plan is not None
+
+
+def test_enforce_eager_leaves_more_kv_blocks():
+    graphs, _ = startup("llama-3.1-8b")
+    eager, _ = startup("llama-3.1-8b", enforce_eager=True)
+    assert graphs.plan.cudagraphs > 0 and eager.plan.cudagraphs == 0
+    assert eager.plan.num_blocks > graphs.plan.num_blocks
+    assert eager.seconds < graphs.seconds  # no torch.compile, no capture
+
+
+@pytest.mark.parametrize("arg,small,large", [("max_num_batched_tokens", 2048, 32768), ("max_num_seqs", 64, 1024)])
+def test_bigger_batches_leave_fewer_kv_blocks(arg, small, large):
+    a, _ = startup("llama-3.1-8b", **{arg: small})
+    b, _ = startup("llama-3.1-8b", **{arg: large})
+    assert a.plan.num_blocks > b.plan.num_blocks
+    assert a.plan.activation_peak < b.plan.activation_peak
+
+
+def test_kv_cache_memory_bytes_sets_the_cache():
+    ok, _ = startup("llama-3.1-8b", kv_cache_memory_bytes="20G")
+    assert ok.plan.kv_cache == 20 * GiB  # vLLM's sizes: G is 1024**3, g is 1000**3
+    bad, _ = startup("llama-3.1-8b", kv_cache_memory_bytes="70G")  # past what the card has
+    assert bad.plan is None and classified(bad.failure[0]) is FailureClass.OOM
+
+
+# --- the step-time model --------------------------------------------------------------------
+
+def step_model(model: str = "llama-3.1-8b", **args) -> StepModel:
+    shape = model_shape(model)
+    return StepModel(shape, H100, SimConfig.from_args(args, H100, shape))
+
+
+def decoding(ctx: int, rid: str = "d") -> Request:
+    r = Request(rid, ctx, 10**6)
+    r.num_output, r.num_computed = 1, ctx  # the next step computes one token
+    return r
+
+
+def decode_plan(batch: int, ctx: int = 1000) -> StepPlan:
+    return StepPlan([(decoding(ctx, f"d{i}"), 1) for i in range(batch)])
+
+
+def prefill_plan(tokens: int) -> StepPlan:
+    return StepPlan([(Request("p", tokens, 1), tokens)])
+
+
+def test_decode_batching_amortizes_weights():
+    m = step_model()
+    times = {b: m.step_seconds(decode_plan(b)) for b in (1, 8, 64, 256)}
+    for small, big in ((1, 8), (8, 64), (64, 256)):
+        assert times[big] > times[small]
+        assert times[big] / big < times[small] / small
+    # batch 1 decode of an 8B bf16 model on H100 reads 15 GiB of weights: a few ms, not us or s
+    assert 0.004 < times[1] < 0.012
+
+
+def test_long_context_decode_reads_more_kv():
+    m = step_model()
+    assert m.step_seconds(decode_plan(64, ctx=16000)) > 1.5 * m.step_seconds(decode_plan(64, ctx=500))
+
+
+def test_enforce_eager_slows_small_decode_steps():
+    graphs, eager = step_model(), step_model(enforce_eager=True)
+    for b in (1, 4, 16):
+        assert eager.step_seconds(decode_plan(b)) > 1.2 * graphs.step_seconds(decode_plan(b))
+    # a large prefill is compute-bound: launch overhead is a small share of it
+    assert eager.step_seconds(prefill_plan(8192)) < 1.1 * graphs.step_seconds(prefill_plan(8192))
+
+
+def test_prefill_time_is_about_linear_when_compute_bound():
+    m = step_model()
+    t1, t2, t4 = (m.step_seconds(prefill_plan(n)) for n in (2048, 4096, 8192))
+    assert 1.8 < t2 / t1 < 2.3 and 1.8 < t4 / t2 < 2.4
+    assert t2 / t1 <= t4 / t2 + 1e-9  # attention's quadratic term only adds
+
+
+def test_mixed_batch_costs_more_than_decode_only():
+    m = step_model()
+    decodes = decode_plan(32)
+    mixed = StepPlan(decodes.scheduled + [(Request("p", 2000, 1), 512)])
+    assert m.step_seconds(mixed) > m.step_seconds(decodes)
+
+
+def test_tensor_parallel_is_faster_but_sublinear():
+    times = {tp: step_model("llama-3.1-70b", tensor_parallel_size=tp).step_seconds(decode_plan(32)) for tp in (1, 2, 4, 8)}
+    for a, b in ((1, 2), (2, 4), (4, 8)):
+        assert times[b] < times[a]  # faster per step
+        assert b * times[b] > a * times[a]  # but more GPU-seconds per step: all-reduces, host overhead
+    pre = {tp: step_model("llama-3.1-70b", tensor_parallel_size=tp).step_seconds(prefill_plan(4096)) for tp in (2, 4)}
+    assert pre[4] < pre[2]
+
+
+def test_async_scheduling_hides_host_overhead():
+    assert step_model(async_scheduling=True).step_seconds(decode_plan(8)) < step_model().step_seconds(decode_plan(8))
+
+
+def test_empty_step_takes_no_time():
+    assert step_model().step_seconds(StepPlan()) == 0.0
+
+
+# --- virtual time ---------------------------------------------------------------------------
+
+def start_8b(**args):
+    shape = model_shape("llama-3.1-8b")
+    cfg = SimConfig.from_args(args, H100, shape)
+    return lambda: SimEngine.start(shape, H100, cfg)
+
+
+def test_simulate_a_chat_workload():
+    w = synthesize(SCENARIOS["chat"], rate=4.0, num_requests=300, burstiness=1.0, seed=7)
+    results = simulate(start_8b()(), w)
+    assert len(results) == 300 and all(r.success for r in results)
+    assert all(r.output_tokens == r.expected_output_tokens for r in results)
+    assert all(0 < r.ttft <= r.e2e for r in results)
+    s = summarize(results)
+    assert s.completed == 300 and s.failed == 0
+    assert 0.005 < s.tpot.mean < 0.2  # tens of ms per token, not micro- or whole seconds
+
+
+def test_simulate_caps_output_at_max_model_len():
+    w = synthesize(SCENARIOS["chat"], rate=2.0, num_requests=20, seed=3)
+    mml = 2048
+    results = simulate(start_8b(max_model_len=mml)(), w)
+    capped = rejected = 0
+    for r, req in zip(results, w.requests):
+        if req.prompt_tokens > mml:
+            assert not r.success
+            rejected += 1
+        else:
+            assert r.success and r.output_tokens == min(req.output_tokens, mml - req.prompt_tokens)
+            capped += req.prompt_tokens + req.output_tokens > mml
+    assert capped >= 2 and rejected >= 2  # the workload exercises both
+
+
+def test_capacity_drops_with_few_sequences():
+    slos = parse_slos(["ttft<800ms", "tpot<50ms"])
+    base = synthesize(SCENARIOS["chat"], rate=1.0, num_requests=150, burstiness=1.0, seed=11)
+    cap_default, rate_default = capacity(start_8b(), base.scaled, slos, resolution=1.1)
+    cap_8, rate_8 = capacity(start_8b(max_num_seqs=8), base.scaled, slos, resolution=1.1)
+    assert 0 < cap_8 < cap_default
+    assert 0 < rate_8 < rate_default
