@@ -28,7 +28,7 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    async_scheduling: bool = False
+    async_scheduling: bool = True  # vLLM 0.32+ turns it on when not set (config/vllm.py)
     long_prefill_token_threshold: int = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -41,20 +41,23 @@ class SimConfig:
     @classmethod
     def from_args(cls, values: Mapping[str, Any], gpu: GpuProfile, shape: ModelShape) -> SimConfig:
         seqs, tokens = vllm_default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
-        v = dict(values)
+        v = {k: x for k, x in values.items() if x is not None}  # None: not given, vLLM's default
         mml = int(v.get("max_model_len") or shape.max_position or 8192)
         compilation = v.get("compilation_config") or {}
         return cls(
             max_model_len=mml,
             max_num_seqs=int(v.get("max_num_seqs") or seqs),
-            max_num_batched_tokens=int(v.get("max_num_batched_tokens") or tokens),
+            # without chunked prefill and no value given, vLLM raises its default to max_model_len
+            # (engine/arg_utils.py), so the config is valid; a value given is checked as given
+            max_num_batched_tokens=int(v.get("max_num_batched_tokens")
+                                       or (tokens if v.get("enable_chunked_prefill", True) else max(tokens, mml))),
             gpu_memory_utilization=float(v.get("gpu_memory_utilization", 0.92)),
             kv_cache_memory_bytes=parse_bytes(v["kv_cache_memory_bytes"]) if v.get("kv_cache_memory_bytes") else None,
             block_size=int(v.get("block_size") or 16),
             enable_chunked_prefill=bool(v.get("enable_chunked_prefill", True)),
             enable_prefix_caching=bool(v.get("enable_prefix_caching", True)),
             enforce_eager=bool(v.get("enforce_eager", False)),
-            async_scheduling=bool(v.get("async_scheduling", False)),
+            async_scheduling=bool(v.get("async_scheduling", True)),
             long_prefill_token_threshold=int(v.get("long_prefill_token_threshold") or 0),
             tensor_parallel_size=int(v.get("tensor_parallel_size") or 1),
             pipeline_parallel_size=int(v.get("pipeline_parallel_size") or 1),

@@ -50,7 +50,7 @@ class StepModel:
         s, c = self.shape, self.config
         tp = c.tensor_parallel_size
         self._tp = tp
-        self._weights = s.weights_bytes / (tp * c.pipeline_parallel_size)
+        self._weights = s.weights_bytes / tp  # pipeline stages run one after another: no time saved
         self._matmul_flops = 2 * (s.layers * s.params_per_layer) / tp  # per token
         self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence
         self._attn_flops = 4 * s.layers * s.heads * s.head_dim / tp  # per (new token x context token)

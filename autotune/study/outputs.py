@@ -31,7 +31,9 @@ class Row:
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """Optuna's best (constraints respected), or None when no trial met the SLOs."""
+    """Optuna's best (constraints respected), or None when no trial met the SLOs (or in Pareto mode)."""
+    if len(study.directions) > 1:
+        return None  # a front, not one best: see console.print_pareto
     try:
         t = study.best_trial
     except ValueError:
