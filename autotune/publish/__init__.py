@@ -1,0 +1,1 @@
+"""Publishing a tuned config to production: targets, canary, transaction, history."""

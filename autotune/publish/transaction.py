@@ -1,0 +1,143 @@
+"""Publishing as a transaction: production ends on the new config verified, or on the last good one.
+
+    record pending -> deploy (validate, write atomically, restart, wait for health)
+                   -> canary (a short replay against the SLOs)
+                   -> published                                     all passed
+                   -> deploy the last good config -> rolled-back    anything failed
+
+A target is anything with ``deployed()``, ``deploy(values)`` and ``endpoint()``: a vLLM YAML
+config with a restart command (vllm_config.py) or an Xinference model (xinference.py). The
+canary is a callable so the daemon can build it from production's own traffic and a person
+running ``autotune publish`` from the study's workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autotune.errors import AutotuneError
+from autotune.publish.history import Entry, History
+from autotune.publish.vllm_config import production_values, wait_healthy
+
+__all__ = ["Target", "CanaryResult", "PublishResult", "publish", "rollback", "recover", "adopt"]
+
+
+class Target(Protocol):
+    name: str
+
+    def deployed(self) -> dict[str, Any] | None: ...
+    def deploy(self, values: Mapping[str, Any]) -> None: ...
+    def endpoint(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    passed: bool
+    summary: dict[str, Any]  # the replay's metrics and SLO verdicts, as stored in the history
+
+    @property
+    def reason(self) -> str:
+        failed = [v for v in self.summary.get("slos", []) if not v.get("holds")]
+        if failed:
+            return "canary missed " + ", ".join(f"{v['slo']} (measured {v.get('measured')})" for v in failed)
+        return "canary failed: " + str(self.summary.get("error", "requests failed"))
+
+
+Canary = Callable[[str], CanaryResult]  # production's URL -> verdict
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    entry: Entry
+    ok: bool
+
+    @property
+    def outcome(self) -> str:
+        return self.entry.outcome
+
+
+def adopt(target: Target, history: History) -> Entry | None:
+    """Record what production runs now as the first good config, so a rollback has somewhere to go."""
+    if history.last_good() is not None:
+        return None
+    values = target.deployed()
+    if values is None:
+        return None
+    return history.add("adopted", values, source={"target": target.name})
+
+
+def publish(target: Target, values: Mapping[str, Any], history: History, canary: Canary,
+            source: Mapping[str, Any] | None = None, entry: Entry | None = None) -> PublishResult:
+    """Deploy ``values`` and keep them only if production is healthy and meets its SLOs."""
+    adopt(target, history)
+    values = production_values(values)
+    if entry is None:
+        entry = history.add("pending", values, source=dict(source or {}))
+    else:  # an approved proposal
+        entry = history.settle(entry, "pending")
+    try:
+        target.deploy(values)
+        result = canary(target.endpoint())
+    except AutotuneError as e:
+        return _roll_back(target, history, entry, str(e), None)
+    if not result.passed:
+        return _roll_back(target, history, entry, result.reason, result.summary)
+    return PublishResult(history.settle(entry, "published", canary=result.summary), True)
+
+
+def _roll_back(target: Target, history: History, entry: Entry, reason: str,
+               canary: dict[str, Any] | None) -> PublishResult:
+    good = history.last_good(before=entry.number)
+    if good is None:
+        settled = history.settle(entry, "rolled-back", reason=f"{reason}; no earlier good config to restore",
+                                 canary=canary)
+        raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and there is no earlier good "
+                            "config to roll back to: production needs a person")
+    try:
+        target.deploy(good.values)
+    except AutotuneError as e:
+        history.settle(entry, "rolled-back", reason=f"{reason}; rollback to entry {good.number} FAILED: {e}",
+                       canary=canary)
+        raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and the rollback to entry "
+                            f"{good.number} failed too ({e}): production needs a person") from e
+    return PublishResult(history.settle(entry, "rolled-back", reason=reason, restored=good.number, canary=canary),
+                         False)
+
+
+def rollback(target: Target, history: History, to: int | None = None) -> Entry:
+    """By hand: go back to entry ``to`` (default: the good entry before the current one)."""
+    entries = history.entries()
+    current = next((e for e in reversed(entries) if e.good), None)
+    if to is not None:
+        good = history.get(to)
+        if not good.good:
+            raise AutotuneError(f"entry {to} is {good.outcome}, not a config production ran well; pick a "
+                                "published or adopted one (autotune history)")
+    else:
+        good = history.last_good(before=current.number) if current else None
+        if good is None:
+            raise AutotuneError("no earlier good config to roll back to")
+    target.deploy(good.values)
+    return history.add("published", good.values, source={"rollback_to": good.number, "by": "hand"},
+                       reason=f"rolled back by hand to entry {good.number}")
+
+
+def recover(target: Target, history: History, canary: Canary) -> PublishResult | None:
+    """After a crash mid-publish: verify the pending entry again, or roll back. None when nothing was open."""
+    entry = history.open_entry()
+    if entry is None:
+        return None
+    deployed = target.deployed()
+    if deployed != entry.values:
+        # the crash came before the new config was written: production still runs the old one
+        return PublishResult(history.settle(entry, "rolled-back", reason="interrupted before it was deployed"), False)
+    try:
+        wait_healthy(target.endpoint(), 60.0)
+        result = canary(target.endpoint())
+    except AutotuneError as e:
+        return _roll_back(target, history, entry, f"interrupted; re-verification failed: {e}", None)
+    if not result.passed:
+        return _roll_back(target, history, entry, f"interrupted; {result.reason}", result.summary)
+    return PublishResult(history.settle(entry, "published", canary=result.summary), True)
