@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from autotune import __version__
@@ -107,6 +108,30 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--port", type=int, default=8080)
         else:
             q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
+
+    dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
+                        description="Run the long-lived loop a daemon config defines (see autotune/daemon/config.py).")
+    dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
+    for name, text in (("retune", "ask the running daemon to tune now (it starts at its next tick)"),
+                       ("status", "the daemon's state and its publish history"),
+                       ("publish", "publish the daemon's waiting proposal (approval mode), or reject it"),
+                       ("rollback", "put production back on an earlier good config, by hand")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("--config", type=Path, required=True, help="the daemon's config file")
+        if name == "retune":
+            q.add_argument("--reason", default="by hand")
+        if name == "publish":
+            g = q.add_mutually_exclusive_group(required=True)
+            g.add_argument("--approve", action="store_true", help="deploy it: canary, and roll back on failure")
+            g.add_argument("--reject", action="store_true", help="drop it; production stays as it is")
+        if name == "rollback":
+            q.add_argument("--to", type=int, help="history entry to restore (default: the good one before)")
+
+    cp = sub.add_parser("capture", help="a recording proxy: forward to production, write a trace of its traffic")
+    cp.add_argument("--listen", default="127.0.0.1:8001", help="HOST:PORT to accept clients on (default 127.0.0.1:8001)")
+    cp.add_argument("--upstream", required=True, help="production's base URL, e.g. http://127.0.0.1:8000")
+    cp.add_argument("--out", type=Path, required=True, help="trace file to append to (autotune JSONL)")
+    cp.add_argument("--with-prompts", action="store_true", help="also record prompt text (off: token counts only)")
 
     rp = sub.add_parser("replay", help="replay a workload against a running server and judge the SLOs")
     rp.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server")
@@ -319,6 +344,95 @@ def cmd_report(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_daemon(a: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from autotune.daemon.config import load_daemon_config
+    from autotune.daemon.loop import Daemon
+
+    daemon = Daemon(load_daemon_config(a.config))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return daemon.run(stop)
+
+
+def _daemon_parts(a: argparse.Namespace):
+    from autotune.daemon.config import load_daemon_config
+    from autotune.daemon.loop import build_target, daemon_root
+    from autotune.daemon.state import StateStore
+    from autotune.publish.history import History
+
+    cfg = load_daemon_config(a.config)
+    root = daemon_root(cfg)
+    return cfg, root, StateStore(root), History(root / "history"), build_target
+
+
+def cmd_retune(a: argparse.Namespace) -> int:
+    _, _, store, _, _ = _daemon_parts(a)
+    store.request_retune(a.reason)
+    print(f"autotune: retune requested ({a.reason}); the daemon starts it at its next tick "
+          "(tuning windows still apply; a request skips the cooldown)")
+    return EXIT_OK
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    from autotune.console import print_history
+
+    _, _, store, history, _ = _daemon_parts(a)
+    st = store.load()
+    print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
+    print(f"note: {st.note}")
+    print_history(history.entries())
+    return EXIT_OK
+
+
+def cmd_publish(a: argparse.Namespace) -> int:
+    from autotune.daemon.loop import Daemon, publish_lock
+    from autotune.publish.transaction import publish
+
+    cfg, root, _, history, _ = _daemon_parts(a)
+    with publish_lock(root):
+        proposal = history.proposal()
+        if proposal is None:
+            raise ConfigError("no proposal waits for approval (autotune status shows the history)")
+        if a.reject:
+            history.settle(proposal, "rejected", reason="rejected by hand")
+            print(f"autotune: entry {proposal.number} rejected; production unchanged")
+            return EXIT_OK
+        d = Daemon(cfg)  # for its target and its canary (production's traffic, as last fingerprinted)
+        result = publish(d.target, proposal.values, history, d.canary(), entry=proposal)
+    print(f"autotune: entry {result.entry.number}: {result.outcome}" +
+          (f" ({result.entry.reason})" if result.entry.reason else ""))
+    return EXIT_OK if result.ok else EXIT_SLO_MISS
+
+
+def cmd_rollback(a: argparse.Namespace) -> int:
+    from autotune.daemon.loop import publish_lock
+    from autotune.publish.transaction import rollback
+
+    cfg, root, _, history, build_target = _daemon_parts(a)
+    with publish_lock(root):
+        entry = rollback(build_target(cfg), history, a.to)
+    print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")
+    return EXIT_OK
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    from autotune.workload.capture import run_capture
+
+    host, _, port = a.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen must be HOST:PORT, got {a.listen!r}")
+    print(f"autotune: capturing {a.upstream} on http://{a.listen} into {a.out} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        run_capture(host, int(port), a.upstream, a.out, with_prompts=a.with_prompts)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, engine_args = _split_engine_args(argv)
@@ -338,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_dashboard(a)
         if a.command == "report":
             return cmd_report(a)
+        handler = {"daemon": cmd_daemon, "retune": cmd_retune, "status": cmd_status, "publish": cmd_publish,
+                   "rollback": cmd_rollback, "capture": cmd_capture}.get(a.command)
+        if handler is not None:
+            return handler(a)
         return cmd_replay(a)
     except ConfigError as e:
         print(f"autotune: {e}", file=sys.stderr)

@@ -150,3 +150,18 @@ def print_pareto(front) -> None:
     out.print(t)
     if not front:
         out.print("no trial met every SLO: the front is empty")
+
+
+def print_history(entries) -> None:
+    """The publish history, newest last: what production ran and why it changed."""
+    import time
+
+    t = Table(title="publish history")
+    for col in ("entry", "when", "outcome", "source", "reason"):
+        t.add_column(col)
+    for e in entries:
+        src = e.source.get("study", "") + (f" trial {e.source['trial']}" if "trial" in e.source else "")
+        if "rollback_to" in e.source:
+            src = f"rollback to {e.source['rollback_to']}"
+        t.add_row(str(e.number), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.time)), e.outcome, src, e.reason)
+    out.print(t)

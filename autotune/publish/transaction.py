@@ -69,8 +69,12 @@ def adopt(target: Target, history: History) -> Entry | None:
 
 
 def publish(target: Target, values: Mapping[str, Any], history: History, canary: Canary,
-            source: Mapping[str, Any] | None = None, entry: Entry | None = None) -> PublishResult:
-    """Deploy ``values`` and keep them only if production is healthy and meets its SLOs."""
+            source: Mapping[str, Any] | None = None, entry: Entry | None = None,
+            on_phase: Callable[[str], None] = lambda _: None) -> PublishResult:
+    """Deploy ``values`` and keep them only if production is healthy and meets its SLOs.
+
+    ``on_phase`` hears "verifying" before the canary and "rolling_back" before a rollback.
+    """
     adopt(target, history)
     values = production_values(values)
     if entry is None:
@@ -79,10 +83,13 @@ def publish(target: Target, values: Mapping[str, Any], history: History, canary:
         entry = history.settle(entry, "pending")
     try:
         target.deploy(values)
+        on_phase("verifying")
         result = canary(target.endpoint())
     except AutotuneError as e:
+        on_phase("rolling_back")
         return _roll_back(target, history, entry, str(e), None)
     if not result.passed:
+        on_phase("rolling_back")
         return _roll_back(target, history, entry, result.reason, result.summary)
     return PublishResult(history.settle(entry, "published", canary=result.summary), True)
 

@@ -80,7 +80,9 @@ class VllmConfigTarget:
     url: str  # production's base URL: health and the canary
     table: FlagTable  # the production vLLM's flags: nothing it would refuse gets written
     health_timeout_s: float = 900.0
-    restart_timeout_s: float = 300.0
+    # systemd's restart of a Type=exec unit with a /health ExecStartPost returns once the engine
+    # serves: as long as a model load (systemd/vllm@.service allows 15 min) plus the old one's stop
+    restart_timeout_s: float = 1020.0
     name: str = "vllm-config"
 
     def deployed(self) -> dict[str, Any] | None:

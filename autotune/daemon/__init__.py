@@ -1,0 +1,1 @@
+"""The long-running daemon: production watcher, drift detection, scheduling, publishing."""

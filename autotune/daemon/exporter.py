@@ -1,0 +1,77 @@
+"""The daemon's own Prometheus metrics: the one place their names are written.
+
+Served by prometheus-client on 127.0.0.1 by default ([metrics].listen), from a private
+registry so nothing else leaks in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Info, start_http_server
+
+__all__ = ["DaemonMetrics"]
+
+PHASES = ["watching", "tuning", "awaiting_approval", "publishing", "verifying", "rolling_back"]
+TRIAL_STATES = ["complete", "pruned", "fail", "running", "waiting"]
+
+
+class DaemonMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.phase = Enum("autotune_daemon_phase", "What the daemon is doing", states=PHASES, registry=r)
+        self.trials = Gauge("autotune_trials", "Trials of the current (or last) tuning study, by state", ["state"],
+                            registry=r)
+        self.best_capacity = Gauge("autotune_best_capacity_requests_per_second",
+                                   "SLO capacity of the last tuning's winner", registry=r)
+        self.production_capacity = Gauge("autotune_production_capacity_requests_per_second",
+                                         "SLO capacity of the production config, measured on staging", registry=r)
+        self.production_config = Info("autotune_production_config", "The engine args production runs (history entry)",
+                                      registry=r)
+        self.drift = Gauge("autotune_traffic_drift_score",
+                           "Distance of production's traffic fingerprint from the one its config was tuned for",
+                           registry=r)
+        self.slo_value = Gauge("autotune_production_slo_value",
+                               "Production's latency at the SLO's percentile over the watch window, seconds", ["slo"],
+                               registry=r)
+        self.slo_met = Gauge("autotune_production_slo_met", "1 when production meets the SLO over the window, 0 when "
+                             "not", ["slo"], registry=r)
+        self.request_rate = Gauge("autotune_production_request_rate", "Production's finished requests per second",
+                                  registry=r)
+        self.last_publish = Gauge("autotune_last_publish_timestamp_seconds", "When the last publish ended", registry=r)
+        self.last_publish_ok = Gauge("autotune_last_publish_success", "1 when the last publish was kept, 0 when it "
+                                     "was rolled back", registry=r)
+        self.publishes = Counter("autotune_publishes", "Publishes by outcome", ["outcome"], registry=r)
+        self.rollbacks = Counter("autotune_rollbacks", "Configs rolled back (automatically or by hand)", registry=r)
+        self.scrape_errors = Counter("autotune_production_scrape_errors", "Failed scrapes of production's /metrics",
+                                     registry=r)
+        self.tunings = Counter("autotune_tunings", "Tunings started, by trigger kind", ["trigger"], registry=r)
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def set_phase(self, phase: str) -> None:
+        self.phase.state(phase)
+
+    def set_trials(self, counts: Mapping[str, int]) -> None:
+        for s in TRIAL_STATES:
+            self.trials.labels(s).set(counts.get(s, 0))
+
+    def set_production(self, entry_number: int, values: Mapping[str, Any]) -> None:
+        self.production_config.info({"entry": str(entry_number), **{k: str(v) for k, v in sorted(values.items())}})
+
+    def set_slos(self, estimates: Iterable[Any]) -> None:
+        for e in estimates:
+            if e.value is not None:
+                self.slo_value.labels(e.slo.text).set(e.value)
+            if e.holds is not None:
+                self.slo_met.labels(e.slo.text).set(1.0 if e.holds else 0.0)
+
+    def published(self, outcome: str, when: float) -> None:
+        self.publishes.labels(outcome).inc()
+        self.last_publish.set(when)
+        self.last_publish_ok.set(1.0 if outcome == "published" else 0.0)
+        if outcome == "rolled-back":
+            self.rollbacks.inc()

@@ -1,0 +1,150 @@
+"""The daemon's state machine, kept in one JSON file so a restart resumes where it stopped.
+
+    watching ──trigger──> tuning ──winner──> publishing ──> verifying ──> watching
+        ^                   │  │                               │
+        │                   │  └─approval──> awaiting_approval ┘ (a person: autotune publish --approve)
+        └──no better config─┘                                  └──> rolling_back ──> watching
+
+Every transition is written (atomically) before the work it announces starts, so after a
+crash the daemon knows what it was doing: a tuning resumes its Optuna study; a publish that
+was in flight is verified again or rolled back (publish.transaction.recover).
+
+``decide`` is the trigger logic, pure: drift of the traffic fingerprint since the config was
+tuned, a sustained SLO breach, a schedule, or a request by hand; a cooldown after every
+tuning (hysteresis: a trigger that keeps firing does not restart tunings back to back) and
+the allowed time windows gate them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.locations import atomic_write
+
+__all__ = ["Phase", "DaemonState", "StateStore", "decide", "IllegalTransition"]
+
+
+class Phase(str, enum.Enum):
+    WATCHING = "watching"
+    TUNING = "tuning"
+    AWAITING_APPROVAL = "awaiting_approval"
+    PUBLISHING = "publishing"
+    VERIFYING = "verifying"
+    ROLLING_BACK = "rolling_back"
+
+
+ALLOWED: dict[Phase, set[Phase]] = {
+    Phase.WATCHING: {Phase.TUNING},
+    Phase.TUNING: {Phase.WATCHING, Phase.PUBLISHING, Phase.AWAITING_APPROVAL},
+    Phase.AWAITING_APPROVAL: {Phase.WATCHING, Phase.PUBLISHING},
+    Phase.PUBLISHING: {Phase.VERIFYING, Phase.ROLLING_BACK, Phase.WATCHING},
+    Phase.VERIFYING: {Phase.WATCHING, Phase.ROLLING_BACK},
+    Phase.ROLLING_BACK: {Phase.WATCHING},
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    phase: Phase = Phase.WATCHING
+    since: float = 0.0
+    tuned_fingerprint: dict[str, Any] | None = None  # the traffic the production config was tuned for
+    last_tuning_end: float = 0.0  # wall clock; 0 = never
+    breach_streak: int = 0  # consecutive windows with an SLO missed
+    trigger: str | None = None  # why the current (or last) tuning started
+    study_name: str | None = None  # the tuning's Optuna study (resumed after a restart)
+    study_file: str | None = None
+    tunings: int = 0
+    note: str = ""  # the last thing worth telling (systemd STATUS=, autotune status)
+
+    def to(self, phase: Phase, **changes: Any) -> DaemonState:
+        if phase is not self.phase and phase not in ALLOWED[self.phase]:
+            raise IllegalTransition(f"daemon cannot go from {self.phase.value} to {phase.value}")
+        return replace(self, phase=phase, since=time.time(), **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["phase"] = self.phase.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DaemonState:
+        return cls(**{**d, "phase": Phase(d["phase"])})
+
+
+class StateStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.path = self.root / "state.json"
+        self.retune_flag = self.root / "retune-requested"
+
+    def load(self) -> DaemonState:
+        if not self.path.is_file():
+            return DaemonState(since=time.time())
+        return DaemonState.from_json(json.loads(self.path.read_text()))
+
+    def save(self, state: DaemonState) -> DaemonState:
+        atomic_write(self.path, json.dumps(state.to_json(), indent=1) + "\n")
+        return state
+
+    def request_retune(self, reason: str = "by hand") -> None:
+        """``autotune retune``: a file the daemon picks up on its next tick (no socket to secure)."""
+        atomic_write(self.retune_flag, reason + "\n")
+
+    def take_retune_request(self) -> str | None:
+        if not self.retune_flag.exists():
+            return None
+        reason = self.retune_flag.read_text().strip() or "by hand"
+        self.retune_flag.unlink(missing_ok=True)
+        return reason
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one watcher window said, reduced to what the triggers need."""
+
+    drift: float | None  # fingerprint distance from the tuned one; None when unknown
+    breach: bool | None  # an SLO certainly missed in this window; None when the window said nothing
+    requests: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    trigger: str | None  # why to tune now; None: keep watching
+    breach_streak: int
+    waiting: str = ""  # a trigger that fired but is held (cooldown, outside the windows)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_threshold: float,
+           breach_windows: int, every_s: float, cooldown_s: float, in_window: bool,
+           manual: str | None = None) -> Decision:
+    """Whether a watching daemon starts a tuning now (pure: the tests drive it with made-up windows)."""
+    streak = state.breach_streak
+    if obs is not None and obs.breach is not None:
+        streak = streak + 1 if obs.breach else 0
+    reason = None
+    if manual:
+        reason = f"requested: {manual}"
+    elif obs is not None and obs.drift is not None and obs.drift > drift_threshold:
+        reason = f"traffic drift {obs.drift:.2f} > {drift_threshold:.2f}"
+    elif streak >= breach_windows > 0:
+        reason = f"SLO missed in {streak} windows in a row"
+    elif every_s > 0 and state.last_tuning_end and now - state.last_tuning_end >= every_s:
+        reason = f"scheduled: {(now - state.last_tuning_end) / 86400:.1f} days since the last tuning"
+    if reason is None:
+        return Decision(None, streak)
+    if not manual and state.last_tuning_end and now - state.last_tuning_end < cooldown_s:
+        left = cooldown_s - (now - state.last_tuning_end)
+        return Decision(None, streak, waiting=f"{reason}; held by the cooldown for {left / 60:.0f} min")
+    if not in_window:
+        return Decision(None, streak, waiting=f"{reason}; held until a tuning window opens")
+    return Decision(reason, 0)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Idempotent: the Debian packages the test suite needs beyond Python.
+#
+#   systemd      systemd-analyze (tests/test_systemd.py: verify + security of systemd/*.service)
+#   postgresql   server binaries initdb, pg_ctl, postgres (tests that run a real PostgreSQL)
+#
+#   sudo bash scripts/ci_system_deps.sh
+#
+# Does nothing when the tools are there (on PATH, or for PostgreSQL in
+# /usr/lib/postgresql/<version>/bin, where Debian puts them off PATH). Installs the
+# missing packages with apt-get when run as root; otherwise says what to install and
+# exits 1.
+set -euo pipefail
+
+log() { printf '[ci_system_deps] %s\n' "$*" >&2; }
+
+have_postgres() {
+  if command -v initdb >/dev/null && command -v pg_ctl >/dev/null && command -v postgres >/dev/null; then
+    return 0
+  fi
+  local bin
+  for bin in /usr/lib/postgresql/*/bin; do
+    if [ -x "$bin/initdb" ] && [ -x "$bin/pg_ctl" ] && [ -x "$bin/postgres" ]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+missing=()
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+have_postgres || missing+=(postgresql)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "${EUID:-$(id -u)}" -ne 0 ]; then
+  printf 'ci_system_deps.sh: missing Debian packages: %s (as root: apt-get install -y %s)\n' \
+    "${missing[*]}" "${missing[*]}" >&2
+  exit 1
+fi
+
+log "installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
