@@ -157,7 +157,8 @@ class Daemon:
             self._note("first full window: traffic fingerprint recorded", tuned_fingerprint=fp.to_json())
         score = drift(Fingerprint.from_json(self.state.tuned_fingerprint), fp)
         self.metrics.drift.set(score)
-        known = [e.holds for e in compliance if e.holds is not None]
+        # only latency SLOs judge production: its throughput is what users sent, not what it can do
+        known = [e.holds for e in compliance if e.holds is not None and e.slo.is_latency]
         return Observation(score, (not all(known)) if known else None, window.requests)
 
     def _watching(self, obs: Observation | None) -> None:

@@ -22,7 +22,7 @@ from autotune.workload.source import WorkloadSpec
 
 __all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "parse_duration"]
 
-_TOP = {"name", "storage", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
+_TOP = {"name", "storage", "heartbeat", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
         "precheck", "remeasure", "seed", "runs_dir"}
 
 
@@ -70,6 +70,7 @@ class StudyDefinition:
     runs_dir: Path = Path("runs")
     source: Path | None = None
     gpus: tuple[GpuInfo, ...] | None = None  # [engine.gpu]: the engine's devices when NVML here cannot see them
+    heartbeat_s: float = 60.0  # shared storage: how often a worker proves its running trial is alive
 
     @property
     def run_dir(self) -> Path:
@@ -240,6 +241,7 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
         sampler=sampler, seed=data.get("seed"), baselines=tuple(extra), builtin_baselines=builtin,
         precheck=bool(data.get("precheck", True)), remeasure_top=top, remeasure_repeats=repeats,
         startup_timeout_s=startup, runs_dir=Path(data.get("runs_dir", "runs")), source=p, gpus=gpus,
+        heartbeat_s=parse_duration(data.get("heartbeat", 60), f"{where} heartbeat"),
     )
     return d.with_overrides()
 

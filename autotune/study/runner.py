@@ -18,6 +18,7 @@ meets no SLO is 0, below every trial that does, so the dashboard's "best" cannot
 from __future__ import annotations
 
 import math
+import os
 import socket
 import statistics
 import time
@@ -29,6 +30,7 @@ from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine import gpu
@@ -84,12 +86,28 @@ def build_space(d: StudyDefinition) -> Space:
     return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None))
 
 
+def shared_storage(d: StudyDefinition) -> bool:
+    """A server database (PostgreSQL, MySQL) that workers on several hosts may share; SQLite is one host's."""
+    return not d.storage.startswith("sqlite:")
+
+
+def storage_of(d: StudyDefinition) -> str | optuna.storages.BaseStorage:
+    """On a shared database every worker heartbeats its running trial: a trial whose worker died
+    (host lost, killed -9) goes stale after the grace period, is failed by the next worker that
+    looks, and retried once on another host with the same params."""
+    if not shared_storage(d):
+        Path(d.storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        return d.storage
+    return optuna.storages.RDBStorage(
+        d.storage, heartbeat_interval=max(1, int(d.heartbeat_s)), grace_period=max(2, int(3 * d.heartbeat_s)),
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+    )
+
+
 def open_study(d: StudyDefinition) -> optuna.Study:
     directions = ["maximize", "minimize"] if d.objective.kind == "pareto" else ["maximize"]
-    if d.storage.startswith("sqlite:///"):
-        Path(d.storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(
-        study_name=d.name, storage=d.storage, sampler=make_sampler(d.sampler, d.seed), directions=directions,
+        study_name=d.name, storage=storage_of(d), sampler=make_sampler(d.sampler, d.seed), directions=directions,
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1) if len(directions) == 1
         else optuna.pruners.NopPruner(), load_if_exists=True,
     )
@@ -142,9 +160,13 @@ class StudyRun:
     # -- set-up --------------------------------------------------------------------------
 
     def prepare(self, study: optuna.Study) -> None:
-        """Fail what a dead process left RUNNING (single host), enqueue the baselines not yet run."""
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(t.number, state=TrialState.FAIL)
+        """Fail what a dead process left RUNNING (single host), enqueue the baselines not yet run.
+
+        On a shared database a RUNNING trial may be another host's, alive: heartbeats decide there.
+        """
+        if not shared_storage(self.d):
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                study.tell(t.number, state=TrialState.FAIL)
         live = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING}
         done = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state in live}
         extra = [(b.name, b.values) for b in self.d.baselines]
@@ -154,6 +176,28 @@ class StudyRun:
             self.space.engine_args(b.params, b.extra_args)  # a bad baseline is an error now, not a failed trial
             study.enqueue_trial(b.params, user_attrs={"baseline": b.name, "baseline_args": b.extra_args,
                                                       "baseline_notes": list(b.notes)})
+        if shared_storage(self.d):
+            self._dedupe_baselines(study)
+
+    @staticmethod
+    def _dedupe_baselines(study: optuna.Study) -> None:
+        """Two hosts starting at once may both enqueue a baseline: keep the first, drop later waiting copies.
+
+        Every host applies the same rule (the lowest trial number stays), so running it twice, or on
+        two hosts at the same time, drops the same copies.
+        """
+        first: dict[str, int] = {}
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            name = t.user_attrs.get("baseline")
+            if not name or t.state == TrialState.FAIL:
+                continue
+            if name not in first:
+                first[name] = t.number
+            elif t.state == TrialState.WAITING:
+                try:
+                    study.tell(t.number, state=TrialState.FAIL)
+                except (RuntimeError, ValueError):
+                    pass  # another host got there first (or started it): nothing to drop
 
     # -- the objective -------------------------------------------------------------------
 
@@ -167,6 +211,7 @@ class StudyRun:
         trial.set_user_attr("env", dict(args.env))
         trial.set_user_attr("engine_args", args.to_json())
         trial.set_user_attr("host", self.host)
+        trial.set_user_attr("worker", f"{self.host}:{os.getpid()}")
         trial.set_user_attr("gpus", [f"{g.index}:{g.name}" for g in self.devices])
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
         pareto = self.d.objective.kind == "pareto"
@@ -266,8 +311,11 @@ class StudyRun:
         if n == 0:
             self.show(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
+        callbacks = list(self.callbacks)
+        if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
+            callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(RuntimeError,),
-                       callbacks=self.callbacks)
+                       callbacks=callbacks)
 
     def remeasure(self, study: optuna.Study) -> dict[str, Any] | None:
         """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
