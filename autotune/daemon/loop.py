@@ -334,9 +334,15 @@ class Daemon:
                                   if self.state.tuned_fingerprint else None)
         if fp is None:
             raise AutotuneError("no traffic fingerprint yet: nothing to build a canary from")
-        w = workload_from(fp, requests=self.cfg.canary_requests, seed=int(time.time()) % 1000, name="canary")
+        # Xinference: chat (its Transformers engine cannot stream completions), its model uid, its token
+        xinference = self.cfg.production.kind == "xinference"
+        w = workload_from(fp, requests=self.cfg.canary_requests, seed=int(time.time()) % 1000, name="canary",
+                          api="chat" if xinference else "completion")
         w = materialize(w, PromptBuilder(load_tokenizer(self.study.workload.tokenizer)), seed=1)
-        return replay_canary(w, self.cfg.slos, ReplayOptions(warmup_requests=0))
+        options = ReplayOptions(warmup_requests=0)
+        if xinference:
+            options = ReplayOptions(warmup_requests=0, api_key=self.target.api_key(), model=self.target.model_uid)
+        return replay_canary(w, self.cfg.slos, options)
 
     def _publish(self, values: dict[str, Any], source: dict[str, Any]) -> Any:
         def phase(p: str) -> None:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -56,6 +57,7 @@ __all__ = [
     "XinferenceUnavailable",
     "engine_kwargs",
     "setup_token_from_log",
+    "target_from_config",
 ]
 
 # Top-level keys of POST /v1/models that Xinference takes itself (restful_api.py, launch_model's
@@ -233,8 +235,8 @@ class XinferenceAuth:
     """
 
     username: str
-    password: str
-    setup_token: str | None = None
+    password: str = field(repr=False)
+    setup_token: str | None = field(default=None, repr=False)
     access_token: str | None = field(default=None, repr=False)
     _setup_done: bool = field(default=False, repr=False)
 
@@ -247,10 +249,11 @@ class XinferenceAuth:
                                           status=r.status_code, detail=_detail(r))
             self._setup_done = True
         r = send("POST", "/token", json={"username": self.username, "password": self.password})
-        if r.status_code != 200 or "access_token" not in _json(r):
+        body = _json(r)
+        if r.status_code != 200 or not isinstance(body, dict) or "access_token" not in body:
             raise XinferenceAuthError(f"Xinference refused the login of {self.username!r} ({r.status_code}): "
                                       f"{_detail(r)}", status=r.status_code, detail=_detail(r))
-        self.access_token = str(_json(r)["access_token"])
+        self.access_token = str(body["access_token"])
         return self.access_token
 
 
@@ -301,8 +304,9 @@ class XinferenceTarget:
     def __init__(self, url: str, model_uid: str, model_name: str, model_engine: str = "vllm",
                  launch_fields: Mapping[str, Any] | None = None, auth: XinferenceAuth | None = None, *,
                  deploy_timeout: float = 1800.0, request_timeout: float = 60.0, poll_interval: float = 1.0,
-                 client: httpx.Client | None = None) -> None:
+                 endpoint_url: str | None = None, client: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/")
+        self.endpoint_url = (endpoint_url or url).rstrip("/")
         self.model_uid = model_uid
         self.model_name = model_name
         self.model_engine = model_engine
@@ -499,12 +503,46 @@ class XinferenceTarget:
                                     f"(last status {status}); {cancelled}")
 
     def endpoint(self) -> str:
-        """The server's base URL, for the canary replay (which adds /v1/chat/completions; the model is
-        the uid; send ``headers()``). An OpenAI client's base_url is this plus /v1."""
-        return self.url
+        """Production's base URL (the REST URL unless ``endpoint_url`` says otherwise), for the canary
+        replay, which adds /v1/chat/completions itself: the model is the uid, and with auth on it must
+        send ``headers()`` (ReplayOptions(api_key=target.api_key(), model=target.model_uid))."""
+        return self.endpoint_url
 
     def openai_base_url(self) -> str:
-        return f"{self.url}/v1"
+        """What an OpenAI client takes as base_url (its api_key: ``api_key()``)."""
+        return f"{self.endpoint_url}/v1"
+
+
+def target_from_config(url: str, cfg: Mapping[str, Any]) -> XinferenceTarget:
+    """The target for the daemon's ``[production]`` table with ``kind = "xinference"``.
+
+    ``url`` is production's URL (the canary's endpoint); ``cfg`` holds xinference_url (the REST API,
+    default ``url``), model_uid, model_name, model_engine (default "vllm"), username and password_file
+    (the account that logs in through /token; both absent: a server with auth off) and launch (the
+    launch fields: model_format, model_size_in_billions, quantization, n_gpu, ...).
+    """
+    where = "[production] (kind = \"xinference\")"
+    missing = [k for k in ("model_uid", "model_name") if not cfg.get(k)]
+    if missing:
+        raise ConfigError(f"{where} needs {' and '.join(missing)}: the uid Xinference serves the model under "
+                          "and the registered model name it is launched from")
+    launch = cfg.get("launch", {})
+    if not isinstance(launch, Mapping):
+        raise ConfigError(f"{where}.launch must be a table of launch fields, e.g. {{ model_format = \"pytorch\" }}")
+    auth = None
+    if cfg.get("username") or cfg.get("password_file"):
+        if not cfg.get("username") or not cfg.get("password_file"):
+            raise ConfigError(f"{where}: give both username and password_file (a file holding the password), "
+                              "or neither for a server started with XINFERENCE_AUTH_ADVANCED=0")
+        try:
+            password = Path(str(cfg["password_file"])).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"{where}.password_file {cfg['password_file']}: {e.strerror}") from e
+        if not password:
+            raise ConfigError(f"{where}.password_file {cfg['password_file']} is empty")
+        auth = XinferenceAuth(str(cfg["username"]), password)
+    return XinferenceTarget(str(cfg.get("xinference_url") or url), str(cfg["model_uid"]), str(cfg["model_name"]),
+                            str(cfg.get("model_engine", "vllm")), dict(launch), auth, endpoint_url=url)
 
 
 def _epoch(stamp: Any) -> float:
