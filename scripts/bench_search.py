@@ -77,19 +77,40 @@ SCENARIOS = (
 )
 
 
+UTILIZATIONS = (0.85, 0.90, 0.92, 0.95)
+SEQS = (32, 64, 128, 256, 512, 1024)
+TOKENS = (2048, 4096, 8192, 16384)
+
+
 def space_of(sc: Scenario) -> Space:
+    """The CUDA default space of a study (numeric knobs, as TPE models them), on narrower ranges."""
     gpu = gpu_profile(sc.gpu)
     seqs, tokens = vllm_default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
     params = (
-        Param("gpu_memory_utilization", "categorical", 0.92, choices=(0.85, 0.90, 0.92, 0.95)),
-        Param("max_num_seqs", "categorical", seqs, choices=(32, 64, 128, 256, 512, 1024)),
-        Param("max_num_batched_tokens", "categorical", tokens, choices=(2048, 4096, 8192, 16384)),
+        Param("gpu_memory_utilization", "float", 0.92, low=0.85, high=0.95, step=0.01),
+        Param("max_num_seqs", "int", seqs, low=32, high=1024, log=True),
+        Param("max_num_batched_tokens", "int", tokens, low=2048, high=16384, log=True),
         Param("enable_chunked_prefill", "bool", True),
         Param("enable_prefix_caching", "bool", True),
         Param("enforce_eager", "bool", False),
     )
     fixed = EngineArgs({"max_model_len": sc.max_model_len, "tensor_parallel_size": sc.tp})
     return Space(params, "cuda", fixed, sc.max_model_len)
+
+
+def snap(values: dict) -> dict:
+    """A sampled point onto the grid the truth was computed on (nearest, log scale for counts)."""
+    out = dict(values)
+    out["gpu_memory_utilization"] = min(UTILIZATIONS, key=lambda u: abs(u - values["gpu_memory_utilization"]))
+    for name, grid in (("max_num_seqs", SEQS), ("max_num_batched_tokens", TOKENS)):
+        out[name] = min(grid, key=lambda g: abs(math.log(g) - math.log(values[name])))
+    return out
+
+
+def grid(space: Space) -> list[dict]:
+    axes = {"gpu_memory_utilization": UTILIZATIONS, "max_num_seqs": SEQS, "max_num_batched_tokens": TOKENS}
+    names = space.names()
+    return [dict(zip(names, combo)) for combo in itertools.product(*[axes.get(n, (False, True)) for n in names])]
 
 
 def config_of(sc: Scenario, args: EngineArgs) -> SimConfig:
@@ -146,10 +167,8 @@ def truth(sc: Scenario, jobs: int, fresh: bool) -> dict[SimConfig, dict]:
     path = ROOT / "bench" / f"search-truth-{sc.name}.json"
     space = space_of(sc)
     configs = {}
-    for combo in itertools.product(*[p.choices if p.kind == "categorical" else (False, True) for p in space.params]):
-        values = dict(zip(space.names(), combo))
-        cfg = config_of(sc, space.engine_args(values))
-        configs[cfg] = None
+    for values in grid(space):
+        configs[config_of(sc, space.engine_args(values))] = None
     if path.exists() and not fresh:
         rows = json.loads(path.read_text())
         table = {SimConfig(**r["config"]): r["result"] for r in rows}
@@ -207,7 +226,7 @@ def run_optuna(sc: Scenario, table: dict, sampler: str, seed: int, budget: int, 
     run = Run([], [])
     for _ in range(budget):
         trial = study.ask()
-        values = space.sample(trial)
+        values = snap(space.sample(trial))
         args = space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
         if with_study_extras and precheck(shape, args, "cuda", gpu.memory_bytes) is not None:
             trial.set_user_attr("constraints", [NO_MEASUREMENT] * n_slos)
@@ -234,8 +253,7 @@ def run_grid(sc: Scenario, table: dict, budget: int) -> Run:
     """benchmarks/auto_tune: the highest utilization that starts (0.95 down), then max_num_seqs x max_num_batched_tokens."""
     space = space_of(sc)
     run = Run([], [])
-    seqs = next(p for p in space.params if p.name == "max_num_seqs").choices
-    tokens = next(p for p in space.params if p.name == "max_num_batched_tokens").choices
+    seqs, tokens = SEQS, TOKENS
     defaults = {p.name: p.default for p in space.params}
     util = None
     for u in (0.95, 0.92, 0.90, 0.85):  # the space's utilizations, top down, at vLLM's default batching
