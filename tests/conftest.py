@@ -46,3 +46,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_sim(tiny_model, tmp_path_factory):
+    """A simulated Llama-3.1-8B on an H100 (vllm-sim, start-up time x 0.01) for a module's tests; its URL."""
+    import signal
+    import time
+
+    import httpx
+
+    port = free_port()
+    logs = tmp_path_factory.mktemp("sim")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.sim.cli", "--gpu", "h100-80gb", "--time-scale", "0.01", "serve",
+         "llama-3.1-8b", "--port", str(port), "--tokenizer", str(tiny_model)],
+        cwd=ROOT, stdout=(logs / "out.log").open("wb"), stderr=(logs / "err.log").open("wb"), stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (logs / "err.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "vllm-sim did not become healthy"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,38 +15,12 @@ from autotune.workload.capture import DEFAULT_HOST, CaptureStats, run_capture
 from autotune.workload.trace import read_workload
 from tests.conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.1-8b"
 
 
 @pytest.fixture(scope="module")
-def sim(tiny_model, tmp_path_factory) -> Iterator[str]:
-    port = free_port()
-    logs = tmp_path_factory.mktemp("sim")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.sim.cli", "--gpu", "h100-80gb", "--time-scale", "0.01", "serve", MODEL,
-         "--port", str(port), "--tokenizer", str(tiny_model)],
-        cwd=ROOT, stdout=(logs / "out.log").open("wb"), stderr=(logs / "err.log").open("wb"), stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (logs / "err.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "vllm-sim did not become healthy"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def sim(vllm_sim) -> str:
+    return vllm_sim
 
 
 class Capture:

@@ -10,11 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -38,7 +34,6 @@ from autotune.workload.slo import parse_slos
 from autotune.workload.trace import read_workload, write_trace
 from tests.conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.1-8b"
 _ids = itertools.count(1000)  # fresh token ids: no accidental prefix sharing between tests
 
@@ -48,33 +43,8 @@ def fresh(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def sim(tiny_model, tmp_path_factory):
-    port = free_port()
-    logs = tmp_path_factory.mktemp("sim")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.sim.cli", "--gpu", "h100-80gb", "--time-scale", "0.01", "serve", MODEL,
-         "--port", str(port), "--tokenizer", str(tiny_model)],
-        cwd=ROOT, stdout=(logs / "out.log").open("wb"), stderr=(logs / "err.log").open("wb"), stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (logs / "err.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "vllm-sim did not become healthy"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def sim(vllm_sim) -> str:
+    return vllm_sim
 
 
 def stream_completion(client: httpx.Client, prompt: list[int], max_tokens: int) -> float:

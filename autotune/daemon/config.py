@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.study.definition import parse_duration
+from autotune.study.definition import parse_duration, read_toml
 from autotune.workload.slo import SLO, parse_slos
 
 __all__ = ["DaemonConfig", "Production", "Triggers", "TimeWindow", "load_daemon_config"]
@@ -128,12 +127,7 @@ def _known(t: dict, keys: set[str], where: str) -> None:
 
 def load_daemon_config(path: str | Path) -> DaemonConfig:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"daemon config {str(p)!r} does not exist")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    data = read_toml(p, "daemon config")
     w = p.name
     _known(data, {"name", "slos", "production", "staging", "watch", "triggers", "tuning", "publish", "metrics"}, w)
     name = str(data.get("name", "production"))

@@ -98,8 +98,8 @@ def _roll_back(target: Target, history: History, entry: Entry, reason: str,
                canary: dict[str, Any] | None) -> PublishResult:
     good = history.last_good(before=entry.number)
     if good is None:
-        settled = history.settle(entry, "rolled-back", reason=f"{reason}; no earlier good config to restore",
-                                 canary=canary)
+        history.settle(entry, "rolled-back", reason=f"{reason}; no earlier good config to restore",
+                       canary=canary)
         raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and there is no earlier good "
                             "config to roll back to: production needs a person")
     try:

@@ -20,7 +20,7 @@ from autotune.study.space import Param
 from autotune.workload.slo import SLO, parse_slos
 from autotune.workload.source import WorkloadSpec
 
-__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "parse_duration"]
+__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "parse_duration", "read_toml"]
 
 _TOP = {"name", "storage", "heartbeat", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
         "precheck", "remeasure", "seed", "runs_dir"}
@@ -136,14 +136,20 @@ class _Table:
             raise ConfigError(f"{self.where}: unknown key(s) {', '.join(sorted(extra))}; see 'Writing a study' in the README")
 
 
-def load_study(path: str | Path, *, default_platform: str | None = None) -> StudyDefinition:
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file's tables, or a ConfigError that names the file and what is wrong."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"study file {str(p)!r} does not exist")
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+
+
+def load_study(path: str | Path, *, default_platform: str | None = None) -> StudyDefinition:
+    p = Path(path)
+    data = read_toml(p, "study file")
     unknown = set(data) - _TOP
     if unknown:
         raise ConfigError(f"{p}: unknown key(s) {', '.join(sorted(unknown))}; see 'Writing a study' in the README")
