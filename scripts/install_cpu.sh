@@ -90,8 +90,8 @@ info.mkdir(exist_ok=True)
 (info / "RECORD").write_text("")
 PY
 
-log "installing autotune (editable, with test extras)"
-"${pip[@]}" -e "$here[test,dashboard]"
+log "installing autotune (editable, with test, dashboard and postgres extras)"
+"${pip[@]}" -e "$here[test,dashboard,postgres]"
 
 log "checking: vllm --version"
 "$venv/bin/vllm" --version >&2
