@@ -16,6 +16,7 @@
     [staging]
     study = "/etc/autotune/staging.toml" # a study file: engine command, port, space, storage, budget;
                                          # its workload is replaced by one like production's traffic
+    trace = ""                           # or a trace recorded by `autotune capture` to replay instead
 
     [watch]
     scrape_interval = "15s"
@@ -99,6 +100,7 @@ class DaemonConfig:
     slos: list[SLO]
     production: Production
     staging_study: Path
+    staging_trace: Path | None = None  # a captured trace to tune with, instead of the synthesized traffic
     scrape_interval_s: float = 15.0
     window_s: float = 600.0
     triggers: Triggers = field(default_factory=Triggers)
@@ -162,7 +164,7 @@ def load_daemon_config(path: str | Path) -> DaemonConfig:
     )
 
     staging = _table(data, "staging", w)
-    _known(staging, {"study"}, f"{w} [staging]")
+    _known(staging, {"study", "trace"}, f"{w} [staging]")
     if "study" not in staging:
         raise ConfigError(f"{w} [staging].study is missing: the study file the staging engine is tuned with")
     study = Path(staging["study"])
@@ -170,6 +172,12 @@ def load_daemon_config(path: str | Path) -> DaemonConfig:
         study = p.parent / study
     if not study.is_file():
         raise ConfigError(f"{w} [staging].study: {str(study)!r} does not exist")
+
+    trace = Path(staging["trace"]) if staging.get("trace") else None
+    if trace is not None and not trace.is_absolute():
+        trace = p.parent / trace
+    if trace is not None and not trace.is_file():
+        raise ConfigError(f"{w} [staging].trace: {str(trace)!r} does not exist (record one with autotune capture)")
 
     watch = _table(data, "watch", w)
     _known(watch, {"scrape_interval", "window"}, f"{w} [watch]")
@@ -196,7 +204,7 @@ def load_daemon_config(path: str | Path) -> DaemonConfig:
             raise ConfigError(f"{w} [metrics].listen must be HOST:PORT, e.g. 127.0.0.1:9464")
         addr = (host, int(port))
     return DaemonConfig(
-        name=name, slos=slos, production=production, staging_study=study,
+        name=name, slos=slos, production=production, staging_study=study, staging_trace=trace,
         scrape_interval_s=parse_duration(watch.get("scrape_interval", 15), f"{w} [watch].scrape_interval"),
         window_s=parse_duration(watch.get("window", 600), f"{w} [watch].window"),
         triggers=triggers, tuning_windows=windows, canary_requests=int(tuning.get("canary_requests", 60)),

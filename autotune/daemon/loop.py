@@ -199,9 +199,12 @@ class Daemon:
         mml = d.fixed.values.get("max_model_len")
         workload = workload_from(fp, requests=TUNING_REQUESTS, seed=self.state.tunings,
                                  max_model_len=int(mml) if mml else None, name=name)
-        trace = path.with_suffix(".jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(materialize(workload, PromptBuilder(load_tokenizer(d.workload.tokenizer)), seed=0), trace)
+        if self.cfg.staging_trace is not None:  # production's own requests, recorded by autotune capture
+            trace = self.cfg.staging_trace
+        else:
+            trace = path.with_suffix(".jsonl")
+            write_trace(materialize(workload, PromptBuilder(load_tokenizer(d.workload.tokenizer)), seed=0), trace)
         data["name"] = name
         data["storage"] = d.storage
         data["runs_dir"] = str(d.runs_dir.resolve())
