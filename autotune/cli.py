@@ -360,17 +360,17 @@ def cmd_daemon(a: argparse.Namespace) -> int:
 
 def _daemon_parts(a: argparse.Namespace):
     from autotune.daemon.config import load_daemon_config
-    from autotune.daemon.loop import build_target, daemon_root
+    from autotune.daemon.loop import daemon_root
     from autotune.daemon.state import StateStore
     from autotune.publish.history import History
 
     cfg = load_daemon_config(a.config)
     root = daemon_root(cfg)
-    return cfg, root, StateStore(root), History(root / "history"), build_target
+    return cfg, root, StateStore(root), History(root / "history")
 
 
 def cmd_retune(a: argparse.Namespace) -> int:
-    _, _, store, _, _ = _daemon_parts(a)
+    _, _, store, _ = _daemon_parts(a)
     store.request_retune(a.reason)
     print(f"autotune: retune requested ({a.reason}); the daemon starts it at its next tick "
           "(tuning windows still apply; a request skips the cooldown)")
@@ -380,7 +380,7 @@ def cmd_retune(a: argparse.Namespace) -> int:
 def cmd_status(a: argparse.Namespace) -> int:
     from autotune.console import print_history
 
-    _, _, store, history, _ = _daemon_parts(a)
+    _, _, store, history = _daemon_parts(a)
     st = store.load()
     print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
     print(f"note: {st.note}")
@@ -392,7 +392,7 @@ def cmd_publish(a: argparse.Namespace) -> int:
     from autotune.daemon.loop import Daemon, publish_lock
     from autotune.publish.transaction import publish
 
-    cfg, root, _, history, _ = _daemon_parts(a)
+    cfg, root, _, history = _daemon_parts(a)
     with publish_lock(root):
         proposal = history.proposal()
         if proposal is None:
@@ -409,10 +409,10 @@ def cmd_publish(a: argparse.Namespace) -> int:
 
 
 def cmd_rollback(a: argparse.Namespace) -> int:
-    from autotune.daemon.loop import publish_lock
+    from autotune.daemon.loop import build_target, publish_lock
     from autotune.publish.transaction import rollback
 
-    cfg, root, _, history, build_target = _daemon_parts(a)
+    cfg, root, _, history = _daemon_parts(a)
     with publish_lock(root):
         entry = rollback(build_target(cfg), history, a.to)
     print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")

@@ -3,6 +3,7 @@
 #
 #   systemd      systemd-analyze (tests/test_systemd.py: verify + security of systemd/*.service)
 #   postgresql   server binaries initdb, pg_ctl, postgres (tests that run a real PostgreSQL)
+#   nodejs       node (tests/test_systemd.py evaluates the polkit rule, which is JavaScript)
 #
 #   sudo bash scripts/ci_system_deps.sh
 #
@@ -30,6 +31,7 @@ have_postgres() {
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 have_postgres || missing+=(postgresql)
+command -v node >/dev/null || missing+=(nodejs)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

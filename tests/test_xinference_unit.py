@@ -91,7 +91,7 @@ def _vllm_engine_fields() -> frozenset[str]:
     """EngineArgs + AsyncEngineArgs dataclass fields of the installed vLLM, read from its source (no import)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vLLM is not installed in this environment (scripts/install_cpu.sh)")
+        pytest.fail("vLLM is not installed in this environment: run scripts/install_cpu.sh")
     source = Path(next(iter(spec.submodule_search_locations)), "engine", "arg_utils.py").read_text()
     fields = set()
     for node in ast.parse(source).body:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+from dataclasses import replace
 import os
 import signal
 import subprocess
@@ -34,7 +35,7 @@ import tomli_w
 from autotune.daemon import notify
 from autotune.daemon.config import DaemonConfig
 from autotune.daemon.exporter import DaemonMetrics
-from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
+from autotune.daemon.state import Observation, Phase, StateStore, decide
 from autotune.daemon.watcher import Fingerprint, Watcher, drift, workload_from
 from autotune.engine.flags import table_for_engine
 from autotune.errors import AutotuneError, ConfigError
@@ -135,7 +136,7 @@ class Daemon:
 
     def _note(self, text: str, **changes: Any) -> None:
         with self._lock:
-            self.state = self.store.save(_replace(self.state, note=text, **changes))
+            self.state = self.store.save(replace(self.state, note=text, **changes))
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class Daemon:
         if window.request_rate is not None:
             self.metrics.request_rate.set(window.request_rate)
         if window.requests < MIN_REQUESTS or window.dt < 0.5 * self.cfg.window_s:
-            return Observation(None, None, window.requests)
+            return Observation(None, None)
         fp = Fingerprint.of(window)
         self.fingerprint = fp
         if self.state.tuned_fingerprint is None:  # the traffic production's config is judged against from now on
@@ -159,7 +160,7 @@ class Daemon:
         self.metrics.drift.set(score)
         # only latency SLOs judge production: its throughput is what users sent, not what it can do
         known = [e.holds for e in compliance if e.holds is not None and e.slo.is_latency]
-        return Observation(score, (not all(known)) if known else None, window.requests)
+        return Observation(score, (not all(known)) if known else None)
 
     def _watching(self, obs: Observation | None) -> None:
         now = time.time()
@@ -383,7 +384,7 @@ class Daemon:
         if self.state.phase in (Phase.PUBLISHING, Phase.VERIFYING, Phase.ROLLING_BACK):
             # the transaction settled above; the phase it was in when the daemon died is history
             with self._lock:
-                self.state = self.store.save(_replace(self.state, phase=Phase.WATCHING, since=time.time()))
+                self.state = self.store.save(replace(self.state, phase=Phase.WATCHING, since=time.time()))
         good = self.history.last_good()
         if good is not None:
             self.metrics.set_production(good.number, good.values)
@@ -408,12 +409,6 @@ def _beats_production(study: optuna.Study, verdict: dict[str, Any]) -> tuple[boo
     why = (f"{verdict['winner']} {win['median']:.2f} req/s vs production {prod_cap:.2f}: {gain:+.2f}, "
            f"noise {verdict['noise_rps']:.2f}")
     return gain > verdict["noise_rps"], why
-
-
-def _replace(state: DaemonState, **changes: Any) -> DaemonState:
-    from dataclasses import replace
-
-    return replace(state, **changes)
 
 
 class publish_lock:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,6 @@ class Observation:
 
     drift: float | None  # fingerprint distance from the tuned one; None when unknown
     breach: bool | None  # an SLO certainly missed in this window; None when the window said nothing
-    requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,6 @@ class Decision:
     trigger: str | None  # why to tune now; None: keep watching
     breach_streak: int
     waiting: str = ""  # a trigger that fired but is held (cooldown, outside the windows)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_threshold: float,
