@@ -185,7 +185,7 @@ def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
 
 
 def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: str | None = None):
-    from autotune.workload.replay import ReplayOptions
+    from autotune.measure.replay import ReplayOptions
 
     if a.max_concurrency is not None and a.max_concurrency < 1:
         raise ConfigError("--max-concurrency must be at least 1")
@@ -219,25 +219,25 @@ def _finish(result, a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
-    from autotune.bench import run_bench
     from autotune.engine.args import EngineArgs, EngineCommand
-    from autotune.engine.flags import table_for_engine
-    from autotune.workload.slo import parse_slos
+    from autotune.measure.profiles import FixedLoad
+    from autotune.measure.session import measure_engine
+    from autotune.measure.slo import parse_slos
     from autotune.workload.source import load
 
     slos = parse_slos(a.slo)
     command = EngineCommand(model=a.model, command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
                             host=a.host, port=a.port, allow_trust_remote_code=a.allow_trust_remote_code,
                             nice=a.engine_nice)
-    table = table_for_engine(list(command.command), a.vllm_version)
+    table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
     tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
     workload = load(_workload_spec(a, tokenizer))
     with _progress() as progress:
         task = progress.add_task("starting engine", total=len(workload))
-        result = run_bench(
-            command, args, table, workload, slos, _replay_options(a), log_dir=a.log_dir,
-            startup_timeout=a.startup_timeout,
+        result = measure_engine(
+            command, args, table, lambda _: workload, slos, FixedLoad(), log_dir=a.log_dir,
+            startup_timeout=a.startup_timeout, replay=_replay_options(a),
             on_phase=lambda ph: progress.update(task, description=ph),
             on_result=lambda _: progress.advance(task),
         )
@@ -245,16 +245,16 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from autotune.bench import measure
-    from autotune.workload.slo import parse_slos
+    from autotune.measure.session import measure_url
+    from autotune.measure.slo import parse_slos
     from autotune.workload.source import load
 
     slos = parse_slos(a.slo)
     workload = load(_workload_spec(a, a.tokenizer))
     with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
-        result = measure(a.url.rstrip("/"), workload, slos, _replay_options(a, a.model, a.api_key),
-                         on_result=lambda _: progress.advance(task))
+        result = measure_url(a.url.rstrip("/"), lambda _: workload, slos, _replay_options(a, a.model, a.api_key),
+                             on_result=lambda _: progress.advance(task))
     return _finish(result, a)
 
 
@@ -269,13 +269,12 @@ def _definition(a: argparse.Namespace):
 
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison
-    from autotune.engine.flags import table_for_engine
     from autotune.study.outputs import best_trial, comparison, write_best
     from autotune.study.runner import StudyRun, open_study, remeasured_winner
     from autotune.workload.source import LoadSteps
 
     d = _definition(a)
-    table = table_for_engine(list(d.command.command))
+    table = d.command.flag_table()
     if a.dry_run is not None:
         from autotune.study.dryrun import dry_run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from autotune.bench import BenchResult
-from autotune.workload.metrics import Distribution
+from autotune.measure.session import Outcome
+from autotune.measure.metrics import Distribution
 
 out = Console()
 err = Console(stderr=True)
@@ -16,16 +16,18 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.1f}"
 
 
-def print_result(result: BenchResult) -> None:
+def print_result(result: Outcome) -> None:
+    """A single-load session (bench, replay): engine start, throughput, latency, failed requests, SLOs."""
     if result.failure is not None:
         f = result.failure
         err.print(f"[bold red]engine failed: {f.failure_class.value}[/] - {f.summary}")
         if f.excerpt:
             err.print(f.excerpt, markup=False, highlight=False)
-    s = result.summary
-    if s is None:
+    step = result.last
+    if step is None:
         return
-    head = Table(title=f"{result.replay.model} at {result.url}", show_header=False, box=None)
+    s = step.summary
+    head = Table(title=f"{step.model} at {result.url}", show_header=False, box=None)
     rows = [
         ("requests", f"{s.completed} completed, {s.failed} failed of {s.requests}"),
         ("duration", f"{s.duration_s:.2f} s"),
@@ -35,8 +37,8 @@ def print_result(result: BenchResult) -> None:
         ("goodput", f"{s.goodput:.2f} req/s"),
         ("SLO attainment", "-" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"),
     ]
-    if result.engine_start_s is not None:
-        rows.insert(0, ("engine start", f"{result.engine_start_s:.1f} s"))
+    if result.engine_ready_s is not None:
+        rows.insert(0, ("engine start", f"{result.engine_ready_s:.1f} s"))
     for k, v in rows:
         head.add_row(k, v)
     out.print(head)
@@ -55,11 +57,11 @@ def print_result(result: BenchResult) -> None:
         for text, n in sorted(s.errors.items(), key=lambda kv: -kv[1]):
             errs.add_row(str(n), text)
         out.print(errs)
-    if result.verdicts:
+    if step.verdicts:
         slo = Table(title="SLOs")
         for col in ("SLO", "measured", "verdict"):
             slo.add_column(col)
-        for v in result.verdicts:
+        for v in step.verdicts:
             if v.measured is None:
                 shown = "-"
             elif v.slo.is_latency:

@@ -6,7 +6,8 @@
     │   ├── TraceFormatError      a workload file that does not read
     │   └── UnknownFlagError      an engine flag the target vLLM does not accept
     ├── EngineFailure          the engine did not come up, or died (carries its FailureClass)
-    └── MeasurementError       a replay that could not measure anything (server gone, no model)
+    ├── MeasurementError       a replay that could not measure anything (server gone, no model)
+    └── PublishError           production could not be brought to a config (write, restart, health, canary)
 
 Outside exceptions (httpx, subprocess, vLLM's exit codes and log lines) are turned
 into these at one boundary each, with ``raise ... from``.
@@ -27,6 +28,7 @@ __all__ = [
     "UnknownFlagError",
     "EngineFailure",
     "MeasurementError",
+    "PublishError",
 ]
 
 
@@ -65,3 +67,7 @@ class EngineFailure(AutotuneError):
 
 class MeasurementError(AutotuneError):
     pass
+
+
+class PublishError(AutotuneError):
+    """Production could not be brought to a config (write, restart, health or canary failed)."""

@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from autotune.workload.metrics import summarize
-from autotune.workload.replay import ReplayOptions, run_replay
+from autotune.measure.metrics import summarize
+from autotune.measure.replay import ReplayOptions, run_replay
 from autotune.workload.trace import Request, Workload
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import optuna
 
 from autotune.engine.args import EngineArgs
-from autotune.engine.flags import vllm_default_batching
+from autotune.engine.vllm.defaults import default_batching
 from autotune.study.baselines import baseline_points
 from autotune.study.precheck import precheck
 from autotune.study.runner import NO_MEASUREMENT, make_sampler
@@ -46,8 +46,8 @@ from autotune.sim.config import SimConfig
 from autotune.sim.profiles import gpu_profile, model_shape
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
-from autotune.workload.metrics import summarize
-from autotune.workload.slo import parse_slos
+from autotune.measure.metrics import summarize
+from autotune.measure.slo import parse_slos
 from autotune.workload.synth import synthesize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ TOKENS = (2048, 4096, 8192, 16384)
 def space_of(sc: Scenario) -> Space:
     """The CUDA default space of a study (numeric knobs, as TPE models them), on narrower ranges."""
     gpu = gpu_profile(sc.gpu)
-    seqs, tokens = vllm_default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
+    seqs, tokens = default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
     params = (
         Param("gpu_memory_utilization", "float", 0.92, low=0.85, high=0.95, step=0.01),
         Param("max_num_seqs", "int", seqs, low=32, high=1024, log=True),

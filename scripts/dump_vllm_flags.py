@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate a version's entry in autotune/engine/vllm_flags.json from vLLM's own parser.
+"""Regenerate a version's entry in autotune/engine/vllm/vllm_flags.json from vLLM's own parser.
 
     # the vLLM installed beside an interpreter (e.g. the CPU venv)
     .venv/bin/python scripts/dump_vllm_flags.py [--python PATH]
@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.engine.flags import DUMP_CODE
+from autotune.engine.vllm.flags import DUMP_CODE
 
-TABLE = Path(__file__).resolve().parents[1] / "autotune" / "engine" / "vllm_flags.json"
+TABLE = Path(__file__).resolve().parents[1] / "autotune" / "engine" / "vllm" / "vllm_flags.json"
 
 # vLLM picks its platform from its own version string; report the release we are reading.
 OVERLAY = """

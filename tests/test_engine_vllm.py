@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from autotune.engine.failures import FailureClass
-from autotune.engine.flags import table_for_engine
+from autotune.engine.vllm.flags import table_for_command as table_for_engine
 from autotune.engine.launcher import Engine, LaunchSpec, port_is_free
 from autotune.engine.leftovers import group_members
 from autotune.errors import EngineFailure, UnknownFlagError

@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 
 from autotune.engine.failures import FailureClass, LogWatch, classify_exit
+from autotune.engine.vllm.failures import PATTERNS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32"
 
 
 def watch_lines(*names):
-    w = LogWatch()
+    w = LogWatch(PATTERNS)
     for name in names:
         for line in (FIXTURES / name).read_text().splitlines():
             w.feed(line)
@@ -64,20 +65,20 @@ def test_scheduler_validation_is_invalid_args_with_the_specific_line():
      FailureClass.INVALID_ARGS),
 ])
 def test_known_texts(line, cls):
-    w = LogWatch()
+    w = LogWatch(PATTERNS)
     w.feed("INFO some harmless line")
     assert w.feed(line)[0] is cls
 
 
 def test_harmless_lines_do_not_match():
-    w = LogWatch()
+    w = LogWatch(PATTERNS)
     for line in (FIXTURES / "kv-too-small.stdout").read_text().splitlines()[:40]:
         w.feed(line)  # start-up chatter, including a warning that mentions "error"
     assert w.found is None
 
 
 def test_exit_codes_without_a_known_line():
-    w = LogWatch()
+    w = LogWatch(PATTERNS)
     w.feed("something odd")
     assert classify_exit(2, w).failure_class is FailureClass.INVALID_ARGS
     assert classify_exit(-signal.SIGKILL, w).failure_class is FailureClass.OOM

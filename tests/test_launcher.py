@@ -18,6 +18,7 @@ import pytest
 
 from autotune.engine.failures import FailureClass
 from autotune.engine.launcher import Engine, EngineState, LaunchSpec, port_is_free
+from autotune.engine.vllm.failures import PATTERNS
 from autotune.errors import EngineFailure
 from tests.conftest import free_port
 
@@ -35,7 +36,7 @@ HEALTHY = textwrap.dedent("""
 def spec(tmp_path, code, port=None, **kw):
     port = port or free_port()
     return LaunchSpec(argv=[sys.executable, "-c", code, str(port)], port=port, log_dir=tmp_path / "logs",
-                      state_dir=tmp_path / "state", **kw)
+                      state_dir=tmp_path / "state", failure_patterns=PATTERNS, **kw)
 
 
 def test_ready_then_stop_leaves_nothing(tmp_path):

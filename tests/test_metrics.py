@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from autotune.workload.metrics import RequestResult, request_value, summarize
-from autotune.workload.slo import parse_slos
+from autotune.measure.metrics import RequestResult, request_value, summarize
+from autotune.measure.slo import parse_slos
 
 
 def ok(i, sent, ttft, itl, out, prompt=10):

@@ -11,14 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.engine.flags import bundled_table
+from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import AutotuneError, UnknownFlagError
 from autotune.publish.canary import replay_canary
 from autotune.publish.history import History
 from autotune.publish.transaction import CanaryResult, publish, recover, rollback
-from autotune.publish.vllm_config import VllmConfigTarget, parse, render
-from autotune.workload.replay import ReplayOptions
-from autotune.workload.slo import parse_slos
+from autotune.engine.vllm.config import parse, render
+from autotune.publish.vllm_config import VllmConfigTarget
+from autotune.measure.replay import ReplayOptions
+from autotune.measure.slo import parse_slos
 from autotune.workload.synth import synthesize
 from tests.conftest import free_port
 
@@ -123,7 +124,7 @@ def test_no_good_config_to_return_to_is_loud(tmp_path):
             return None
 
         def deploy(self, values):
-            from autotune.publish.vllm_config import PublishError
+            from autotune.errors import PublishError
             raise PublishError("restart failed")
 
         def endpoint(self):

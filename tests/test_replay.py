@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from autotune.errors import MeasurementError
-from autotune.workload.metrics import summarize
-from autotune.workload.replay import ReplayOptions, payload_for, run_replay
+from autotune.measure.metrics import summarize
+from autotune.measure.replay import ReplayOptions, payload_for, run_replay
 from autotune.workload.trace import Request, Workload
 from tests.conftest import free_port
 

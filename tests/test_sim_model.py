@@ -16,14 +16,15 @@ from collections import Counter
 import pytest
 
 from autotune.engine.failures import FailureClass, LogWatch, classify_exit
+from autotune.engine.vllm.failures import PATTERNS
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import StepModel
 from autotune.sim.profiles import gpu_profile, model_shape
 from autotune.sim.scheduler import Request, Scheduler, StepPlan
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, StartupFailed, capacity, simulate
-from autotune.workload.metrics import summarize
-from autotune.workload.slo import parse_slos
+from autotune.measure.metrics import summarize
+from autotune.measure.slo import parse_slos
 from autotune.workload.synth import SCENARIOS, synthesize
 
 GiB = 1 << 30
@@ -479,7 +480,7 @@ def startup(model: str, **args):
 
 
 def classified(line: str) -> FailureClass | None:
-    w = LogWatch()
+    w = LogWatch(PATTERNS)
     w.feed("(EngineCore pid=1234) ERROR " + line)
     return classify_exit(1, w).failure_class
 

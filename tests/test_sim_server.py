@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.engine.failures import FailureClass, LogWatch, classify_exit
+from autotune.engine.vllm.failures import PATTERNS
 from autotune.engine.launcher import Engine, EngineState, LaunchSpec, port_is_free
 from autotune.sim import cli
 from autotune.sim.config import SimConfig
@@ -145,7 +146,7 @@ def test_unknown_flag_is_a_usage_error():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "error: unrecognized arguments: --foo" in r.stderr
-    watch = LogWatch()
+    watch = LogWatch(PATTERNS)
     for line in r.stderr.splitlines():
         watch.feed(line)
     assert classify_exit(r.returncode, watch).failure_class is FailureClass.INVALID_ARGS
@@ -216,7 +217,7 @@ def test_memory_boundary_fails_as_oom_and_launcher_starts_the_one_that_fits(tmp_
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Engine core initialization failed" in r.stderr
-    watch = LogWatch()
+    watch = LogWatch(PATTERNS)
     for line in (r.stdout + r.stderr).splitlines():
         watch.feed(line)
     f = classify_exit(r.returncode, watch)
@@ -246,7 +247,7 @@ def test_config_error_is_vllms_validation_error():
     assert r.returncode == 1
     assert "ValidationError: 1 validation error for SchedulerConfig" in r.stderr
     assert "Value error, max_num_batched_tokens (2048) is smaller than max_model_len (8192)" in r.stderr
-    watch = LogWatch()
+    watch = LogWatch(PATTERNS)
     for line in r.stderr.splitlines():
         watch.feed(line)
     assert classify_exit(1, watch).failure_class is FailureClass.INVALID_ARGS
@@ -261,7 +262,7 @@ def test_port_in_use():
                            capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "[Errno 98] Address already in use" in r.stderr
-    watch = LogWatch()
+    watch = LogWatch(PATTERNS)
     for line in r.stderr.splitlines():
         watch.feed(line)
     assert classify_exit(1, watch).failure_class is FailureClass.PORT_IN_USE

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from autotune.errors import SLOSyntaxError
-from autotune.workload.slo import parse_slo, parse_slos
+from autotune.measure.slo import parse_slo, parse_slos
 
 
 @pytest.mark.parametrize("text,metric,target,pct", [

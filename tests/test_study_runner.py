@@ -5,7 +5,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.engine.args import EngineArgs
-from autotune.engine.flags import bundled_table
+from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError
 from autotune.study.definition import load_study
 from autotune.study.runner import Candidate, StudyRun, constraints_of, judge, open_study

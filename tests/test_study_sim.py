@@ -111,11 +111,10 @@ def test_pareto_mode_gives_a_front(tmp_path, tiny_model):
 @pytest.mark.parametrize("flag", ["--enable-cuda-graph", "--swap-space"])
 def test_seed_flags_are_refused_before_any_launch(tmp_path, tiny_model, flag):
     from autotune.engine.args import EngineArgs, EngineCommand
-    from autotune.engine.flags import table_for_engine
     from autotune.errors import UnknownFlagError
 
     cmd = EngineCommand("llama-3.1-8b", (sys.executable, "-m", "autotune.sim.cli", "serve"))
-    table = table_for_engine(list(cmd.command))
+    table = cmd.flag_table()
     assert table.source == "bundled:0.33"
     with pytest.raises(UnknownFlagError):
         cmd.argv(EngineArgs({flag[2:].replace("-", "_"): True}), table)

@@ -6,20 +6,23 @@ import pytest
 from autotune.engine.args import EngineArgs
 from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
-from autotune.study.measure import Step, next_load
+from autotune.measure.profiles import FixedLoad, Ladder, next_load
+from autotune.measure.session import Step
 from autotune.study.precheck import ModelShape, parse_bytes, precheck
-from autotune.study.space import Param, Space, default_space, vllm_default_batching
-from autotune.workload.metrics import summarize
+from autotune.engine.kind import get_kind
+from autotune.engine.vllm.defaults import default_batching as vllm_default_batching
+from autotune.study.space import Param, Space, default_space
+from autotune.measure.metrics import summarize
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def cpu_space(**kw):
-    return Space(default_space("cpu"), "cpu", **kw)
+    return Space(default_space(get_kind("vllm"), "cpu"), "cpu", **kw)
 
 
 def test_sampled_points_never_break_vllms_rules():
-    space = Space(default_space("cuda", 80, "H100"), "cuda", max_model_len=8192)
+    space = Space(default_space(get_kind("vllm"), "cuda", 80, "H100"), "cuda", max_model_len=8192)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(300):
         t = study.ask()
@@ -114,8 +117,8 @@ def test_parse_bytes():
 
 
 def step(load, passed):
-    from autotune.workload.metrics import RequestResult
-    from autotune.workload.slo import parse_slos
+    from autotune.measure.metrics import RequestResult
+    from autotune.measure.slo import parse_slos
 
     slo = parse_slos(["ttft<1s"])
     r = RequestResult(0, 0, 0, True, ttft=0.1 if passed else 5.0, itl=[0.01], e2e=0.2, output_tokens=2)
@@ -124,18 +127,32 @@ def step(load, passed):
 
 
 def test_load_ladder_doubles_halves_and_bisects():
-    assert next_load([], 1.0, 4, 1.25) == 1.0
-    assert next_load([step(1, True)], 1.0, 4, 1.25) == 2.0
-    assert next_load([step(1, True), step(2, True)], 1.0, 4, 1.25) == 4.0
-    assert next_load([step(1, True), step(2, False)], 1.0, 4, 1.25) == pytest.approx(2 ** 0.5)
-    assert next_load([step(1, False)], 1.0, 4, 1.25) == 0.5
-    assert next_load([step(1, True), step(1.2, False)], 1.0, 4, 1.25) is None  # resolved
-    assert next_load([step(1, True)] * 4, 1.0, 4, 1.25) is None  # budget spent
+    ladder = Ladder(1.0, 4, 1.25)
+    assert ladder.next_load([]) == 1.0
+    assert ladder.next_load([(1, True)]) == 2.0
+    assert ladder.next_load([(1, True), (2, True)]) == 4.0
+    assert ladder.next_load([(1, True), (2, False)]) == pytest.approx(2 ** 0.5)
+    assert ladder.next_load([(1, False)]) == 0.5
+    assert ladder.next_load([(1, True), (1.2, False)]) is None  # resolved
+    assert ladder.next_load([(1, True)] * 4) is None  # budget spent
+    assert next_load([(1, True)], 1.0, 2, 1.25) == 2.0
+
+
+def test_a_fixed_load_is_one_step():
+    assert FixedLoad(0.5).next_load([]) == 0.5
+    assert FixedLoad(0.5).next_load([(0.5, False)]) is None
+
+
+def test_a_failed_request_fails_the_step():
+    s = step(1, True)
+    assert s.passed
+    s.summary.failed = 1
+    assert not s.passed and s.slos_hold  # the SLOs may hold; a step that lost a request does not count
 
 
 def test_a_step_counts_only_if_the_client_offered_its_load():
-    from autotune.workload.metrics import RequestResult
-    from autotune.workload.slo import parse_slos
+    from autotune.measure.metrics import RequestResult
+    from autotune.measure.slo import parse_slos
 
     slo = parse_slos(["ttft<1s"])
 

@@ -29,8 +29,8 @@ from autotune.daemon.watcher import (
     workload_from,
 )
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
-from autotune.workload.replay import ReplayOptions, run_replay
-from autotune.workload.slo import parse_slos
+from autotune.measure.replay import ReplayOptions, run_replay
+from autotune.measure.slo import parse_slos
 from autotune.workload.trace import read_workload, write_trace
 from tests.conftest import free_port
 

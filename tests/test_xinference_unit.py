@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from autotune.engine.flags import bundled_table, dest_of
+from autotune.engine.flags import dest_of
+from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError
 from autotune.publish.xinference import (
     LAUNCH_FIELDS,

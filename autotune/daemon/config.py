@@ -49,7 +49,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.study.definition import parse_duration, read_toml
-from autotune.workload.slo import SLO, parse_slos
+from autotune.measure.slo import SLO, parse_slos
 
 __all__ = ["DaemonConfig", "Production", "Triggers", "TimeWindow", "load_daemon_config"]
 

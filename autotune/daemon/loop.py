@@ -37,7 +37,7 @@ from autotune.daemon.config import DaemonConfig
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.state import Observation, Phase, StateStore, decide
 from autotune.daemon.watcher import Fingerprint, Watcher, drift, workload_from
-from autotune.engine.flags import table_for_engine
+from autotune.engine.kind import get_kind
 from autotune.errors import AutotuneError, ConfigError
 from autotune.locations import atomic_write, state_dir
 from autotune.publish.canary import replay_canary
@@ -46,7 +46,7 @@ from autotune.publish.transaction import Target, adopt, publish, recover
 from autotune.study.definition import load_study
 from autotune.study.runner import build_space, constraints_of, remeasured_winner
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
-from autotune.workload.replay import ReplayOptions
+from autotune.measure.replay import ReplayOptions
 from autotune.workload.trace import write_trace
 
 __all__ = ["Daemon", "build_target", "daemon_root"]
@@ -68,7 +68,7 @@ def build_target(cfg: DaemonConfig) -> Target:
     from autotune.publish.vllm_config import VllmConfigTarget
 
     assert p.config is not None
-    return VllmConfigTarget(p.config, p.model, p.restart, p.url, table_for_engine(["vllm"]),
+    return VllmConfigTarget(p.config, p.model, p.restart, p.url, get_kind("vllm").flag_table(["vllm"]),
                             health_timeout_s=p.health_timeout_s, restart_timeout_s=p.health_timeout_s + 120)
 
 

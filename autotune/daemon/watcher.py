@@ -3,7 +3,7 @@
 Pure functions at the core, I/O at the edge:
 
 - ``scrape(url)`` is the only network call: one ``GET /metrics``, parsed into a ``Snapshot`` of
-  the few vLLM metrics the daemon uses (``METRICS``, the one place their names live), summed
+  the few vLLM metrics the daemon uses (``METRICS``, named by the vLLM engine kind), summed
   over labels (``model_name``, ``engine``, ``finished_reason``).
 - ``Window.between(prev, cur)`` is the traffic between two snapshots: counter and histogram
   deltas, from which it derives the request rate, prompt/output lengths, the prefix-cache hit
@@ -34,8 +34,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune.engine.kind import MetricSpec
+from autotune.engine.vllm.metrics import METRICS
 from autotune.errors import ConfigError
-from autotune.workload.slo import SLO
+from autotune.measure.slo import SLO
 from autotune.workload.trace import Request, Workload, gamma_arrivals
 
 __all__ = [
@@ -54,49 +56,6 @@ __all__ = [
     "scrape",
     "workload_from",
 ]
-
-Kind = Literal["counter", "histogram", "gauge"]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """One vLLM metric the watcher keeps, under a short key of ours."""
-
-    name: str  # the sample name vLLM exposes (counters with their _total)
-    kind: Kind
-    # Only samples whose label has one of these values count (None: every sample).
-    label: tuple[str, frozenset[str]] | None = None
-    # How to combine a gauge over several engines: a KV-cache fraction is averaged, queue lengths add up.
-    combine: Literal["sum", "mean"] = "sum"
-
-
-# The one place for vLLM metric names on the watcher side (vLLM 0.33, v1/metrics/loggers.py).
-# Histogram keys for latencies are the SLO metric names (ttft, tpot, itl, e2e), so an SLO finds its
-# histogram by its own name.
-METRICS: dict[str, MetricSpec] = {
-    # counters
-    "requests": MetricSpec("vllm:request_success_total", "counter"),  # every finished request, aborts included
-    "requests_failed": MetricSpec("vllm:request_success_total", "counter",
-                                  label=("finished_reason", frozenset({"abort", "error"}))),
-    "prompt_tokens": MetricSpec("vllm:prompt_tokens_total", "counter"),
-    "generation_tokens": MetricSpec("vllm:generation_tokens_total", "counter"),
-    "preemptions": MetricSpec("vllm:num_preemptions_total", "counter"),
-    "prefix_cache_queries": MetricSpec("vllm:prefix_cache_queries_total", "counter"),  # tokens
-    "prefix_cache_hits": MetricSpec("vllm:prefix_cache_hits_total", "counter"),  # tokens
-    # histograms
-    "ttft": MetricSpec("vllm:time_to_first_token_seconds", "histogram"),
-    "tpot": MetricSpec("vllm:request_time_per_output_token_seconds", "histogram"),
-    "itl": MetricSpec("vllm:inter_token_latency_seconds", "histogram"),
-    "e2e": MetricSpec("vllm:e2e_request_latency_seconds", "histogram"),
-    "queue_time": MetricSpec("vllm:request_queue_time_seconds", "histogram"),
-    "request_prompt_tokens": MetricSpec("vllm:request_prompt_tokens", "histogram"),
-    "request_output_tokens": MetricSpec("vllm:request_generation_tokens", "histogram"),
-    # gauges
-    "running": MetricSpec("vllm:num_requests_running", "gauge"),
-    "waiting": MetricSpec("vllm:num_requests_waiting", "gauge"),
-    "kv_cache_usage": MetricSpec("vllm:kv_cache_usage_perc", "gauge", combine="mean"),
-}
-
 
 # --- snapshots ------------------------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
-"""Launching vLLM (or any engine command line) and knowing why it failed."""
+"""Engines: their kinds (what autotune knows of each), launching, stopping, and knowing why one failed."""
 
 from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.failures import Failure, FailureClass
-from autotune.engine.flags import FlagTable, bundled_table, check_args, table_for_engine
+from autotune.engine.flags import FlagTable, check_args
+from autotune.engine.kind import EngineKind, get_kind, kind_for_command, register
 from autotune.engine.launcher import Engine, EngineState, LaunchSpec
 
 __all__ = [
-    "EngineArgs", "EngineCommand", "Failure", "FailureClass", "FlagTable", "bundled_table", "check_args",
-    "table_for_engine", "Engine", "EngineState", "LaunchSpec",
+    "EngineArgs", "EngineCommand", "Failure", "FailureClass", "FlagTable", "check_args", "EngineKind", "get_kind",
+    "kind_for_command", "register", "Engine", "EngineState", "LaunchSpec",
 ]

@@ -1,9 +1,10 @@
 """Engine arguments as typed values, and the one place they become an argv.
 
-``EngineArgs.values`` maps vLLM's option names in snake case (``max_num_seqs``) to typed
+``EngineArgs.values`` maps the engine's option names in snake case (``max_num_seqs``) to typed
 values; booleans render as ``--x`` / ``--no-x``. Before anything is launched, ``EngineCommand.argv``
-checks the flags against the target vLLM's table (flags.check_args), so a flag that does not
-exist is an error at load time, not a wasted trial.
+checks the flags against the engine's table (flags.check_args), so a flag that does not exist
+is an error at load time, not a wasted trial. The command line itself is the engine kind's
+(kind.py): ``EngineCommand.kind`` names it, or it is recognized from the command.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.engine.flags import FlagTable, check_args, dest_of, flag_of
+from autotune.engine.kind import EngineKind, get_kind, kind_for_command
 from autotune.engine.launcher import LaunchSpec
 from autotune.errors import ConfigError
 
@@ -81,6 +83,15 @@ class EngineCommand:
     port: int = 8100
     allow_trust_remote_code: bool = False
     nice: int = 0  # CPU priority offset for the engine (see LaunchSpec.nice)
+    kind: str = ""  # the engine kind's name; empty: recognized from the command
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        return get_kind(self.kind) if self.kind else kind_for_command(self.command)
+
+    def flag_table(self, version: str | None = None) -> FlagTable:
+        """The flags this command's engine accepts (its own parser where it can be run)."""
+        return self.engine_kind.flag_table(self.command, version)
 
     @staticmethod
     def parse_command(text: str) -> tuple[str, ...]:
@@ -96,9 +107,10 @@ class EngineCommand:
         if args.values.get("trust_remote_code") and not self.allow_trust_remote_code:
             raise ConfigError("trust_remote_code runs code from the model's repository; "
                               "set allow_trust_remote_code = true in the study to permit it")
-        return [*self.command, self.model, "--host", self.host, "--port", str(self.port), *flags]
+        return self.engine_kind.argv(self.command, self.model, self.host, self.port, flags)
 
     def launch_spec(self, args: EngineArgs, table: FlagTable, log_dir: Path, startup_timeout: float) -> LaunchSpec:
         """Everything the launcher needs to run ``args``, the flags checked first."""
         return LaunchSpec(argv=self.argv(args, table), port=self.port, host=self.host, env=dict(args.env),
-                          log_dir=log_dir, startup_timeout=startup_timeout, nice=self.nice)
+                          log_dir=log_dir, startup_timeout=startup_timeout, nice=self.nice,
+                          failure_patterns=list(self.engine_kind.failure_patterns))

@@ -1,10 +1,9 @@
 """Why an engine failed, read from what it printed and how it exited.
 
-Each FailureClass has the vLLM texts that prove it (checked against vLLM 0.32/0.33; the
-root cause is often on stdout behind an ``(EngineCore pid=N) ERROR`` prefix, while stderr
-ends with the generic "Engine core initialization failed"). The launcher feeds every log
-line, from either stream, to a ``LogWatch``; the first line that proves a class is kept
-together with the lines before it, so the trial records why, not just that.
+An engine kind supplies the texts that prove each FailureClass (``EngineKind.failure_patterns``,
+e.g. engine/vllm/failures.py); the launch spec carries them to the launcher, which feeds
+every log line, from either stream, to a ``LogWatch``. The first line that proves a class is
+kept together with the lines around it, so the trial records why, not just that.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-__all__ = ["FailureClass", "Failure", "LogWatch", "classify_exit", "PATTERNS"]
+__all__ = ["FailureClass", "Failure", "LogWatch", "classify_exit", "COMMON_PATTERNS", "Patterns"]
 
 
 class FailureClass(str, enum.Enum):
@@ -26,30 +25,13 @@ class FailureClass(str, enum.Enum):
     CRASHED = "crashed"  # exited for another reason, before or after becoming ready
 
 
-# Most specific first: an OOM traceback also contains the generic "initialization failed".
-PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
-    (FailureClass.OOM, re.compile(p)) for p in (
-        r"torch\.OutOfMemoryError",
-        r"CUDA out of memory",
-        r"No available memory for the cache blocks",
-        r"KV cache is needed, which is larger than the available KV cache memory",
-        r"on startup is less than desired GPU memory utilization",
-        r"Not enough memory|Insufficient memory for KV cache",
-    )
-] + [
+Patterns = list[tuple["FailureClass", re.Pattern[str]]]
+
+# Every engine's: the port was taken between our check and its bind.
+COMMON_PATTERNS: Patterns = [
     (FailureClass.PORT_IN_USE, re.compile(p)) for p in (
         r"\[Errno 98\]",
         r"[Aa]ddress already in use",
-    )
-] + [
-    (FailureClass.INVALID_ARGS, re.compile(p)) for p in (
-        r"\berror: unrecognized arguments:",
-        r"\berror: argument ",
-        r"\berror: the following arguments are required",
-        r"must be greater than or equal to max_num_seqs",
-        r"is smaller than max_model_len",
-        r"\bValue error, ",
-        r"validation errors? for \w+",  # pydantic's header line; the "Value error" line follows it
     )
 ]
 
@@ -84,6 +66,7 @@ class LogWatch:
     follow the proof, up to EXCERPT_AFTER of them.
     """
 
+    patterns: Patterns = field(default_factory=lambda: list(COMMON_PATTERNS))  # most specific first
     recent: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
     found: tuple[FailureClass, str, str] | None = None
     _after: int = 0
@@ -106,9 +89,8 @@ class LogWatch:
             return cls, line
         return None
 
-    @staticmethod
-    def _classify(line: str) -> FailureClass | None:
-        for cls, pat in PATTERNS:
+    def _classify(self, line: str) -> FailureClass | None:
+        for cls, pat in self.patterns:
             if pat.search(line):
                 return cls
         return None

@@ -9,7 +9,7 @@ Lifecycle (illegal transitions raise):
                     +--> FAILED -------+   (a failed engine is still stopped: no leftovers)
 
 Readiness is ``GET /health`` == 200. Failure is known as soon as a log line proves it
-(``failures.PATTERNS``) or the process exits: the launcher never waits out its timeout when
+(the spec's ``failure_patterns``, from the engine kind) or the process exits: the launcher never waits out its timeout when
 the engine already said why.
 """
 
@@ -31,7 +31,7 @@ import httpx
 import psutil
 
 from autotune.engine import gpu
-from autotune.engine.failures import Failure, FailureClass, LogWatch, classify_exit
+from autotune.engine.failures import COMMON_PATTERNS, Failure, FailureClass, LogWatch, Patterns, classify_exit
 from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
 from autotune.errors import EngineFailure
 from autotune.locations import state_dir as default_state_dir
@@ -71,6 +71,7 @@ class LaunchSpec:
     # nothing to drain, and vLLM's API server sits out SIGTERM while it waits for its engine core
     state_dir: Path | None = None  # where leftover records go (default: locations.state_dir())
     nice: int = 0  # > 0 lowers the engine's CPU priority: on a CPU host it must not starve the load generator
+    failure_patterns: Patterns = field(default_factory=lambda: list(COMMON_PATTERNS))  # the engine kind's
 
     @property
     def url(self) -> str:
@@ -113,7 +114,7 @@ class Engine:
         self._on_line = on_line
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
-        self._watch = LogWatch()
+        self._watch = LogWatch(list(spec.failure_patterns))
         self._watch_lock = threading.Lock()
         self._failed = threading.Event()
         self._readers: list[threading.Thread] = []

@@ -7,11 +7,11 @@ cannot even run (production refuses requests) fails like one that misses an SLO.
 
 from __future__ import annotations
 
-from autotune.bench import measure
 from autotune.errors import AutotuneError
+from autotune.measure.replay import ReplayOptions
+from autotune.measure.session import measure_url
+from autotune.measure.slo import SLO
 from autotune.publish.transaction import Canary, CanaryResult
-from autotune.workload.replay import ReplayOptions
-from autotune.workload.slo import SLO
 from autotune.workload.trace import Workload
 
 __all__ = ["replay_canary"]
@@ -20,12 +20,13 @@ __all__ = ["replay_canary"]
 def replay_canary(workload: Workload, slos: list[SLO], options: ReplayOptions = ReplayOptions()) -> Canary:
     def run(url: str) -> CanaryResult:
         try:
-            result = measure(url, workload, slos, options)
+            result = measure_url(url, lambda _: workload, slos, options)
         except AutotuneError as e:
             return CanaryResult(False, {"error": str(e)})
         summary = result.to_json()
-        ok = result.slos_hold and result.summary is not None and result.summary.failed == 0
-        if result.summary is not None and result.summary.failed:
-            summary["error"] = f"{result.summary.failed} of {len(workload)} requests failed"
+        step = result.last
+        ok = result.slos_hold and step is not None and step.summary.failed == 0
+        if step is not None and step.summary.failed:
+            summary["error"] = f"{step.summary.failed} of {len(workload)} requests failed"
         return CanaryResult(ok, {"metrics": summary["metrics"], "slos": summary["slos"], "error": summary.get("error")})
     return run

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
 from autotune.publish.history import Entry, History
-from autotune.publish.vllm_config import production_values, wait_healthy
+from autotune.engine.vllm.config import production_values
+from autotune.publish.vllm_config import wait_healthy
 
 __all__ = ["Target", "CanaryResult", "PublishResult", "publish", "rollback", "recover", "adopt"]
 

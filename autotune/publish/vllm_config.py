@@ -1,8 +1,6 @@
 """Production as a vLLM YAML config (`vllm serve --config FILE`) and a restart command.
 
-The file maps vLLM's long option names (without ``--``) to values, plus ``model``; it is the
-one format autotune writes for vLLM, for a study's best.yaml as for production. Publishing
-here means: check the args against vLLM's flags, write the file atomically, run the restart
+The file's format is the vLLM engine kind's (engine/vllm/config.py). Publishing here means: check the args against vLLM's flags, write the file atomically, run the restart
 command (an argv, never a shell line: ``["systemctl", "restart", "vllm@production"]``), and
 wait until ``/health`` answers 200 and the model is served.
 """
@@ -17,41 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from autotune.engine.args import EngineArgs
-from autotune.engine.flags import FlagTable, check_args, dest_of, flag_of
-from autotune.errors import AutotuneError, ConfigError
+from autotune.engine.flags import FlagTable, check_args
+from autotune.engine.vllm.config import parse, production_values, render
+from autotune.errors import ConfigError, PublishError
 from autotune.locations import atomic_write
 
-__all__ = ["PublishError", "production_values", "render", "parse", "VllmConfigTarget", "wait_healthy"]
-
-# staging-only values: measuring with random weights is fine, serving them is not
-STAGING_ONLY = {"load_format": "dummy"}
-
-
-class PublishError(AutotuneError):
-    """Production could not be brought to a config (write, restart, health or canary failed)."""
-
-
-def production_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if STAGING_ONLY.get(k, object()) != v}
-
-
-def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
-    config = {"model": model, **{flag_of(k)[2:]: v for k, v in production_values(values).items()}}
-    lines = [f"# {h}" for h in header]
-    return ("\n".join(lines) + "\n" if lines else "") + yaml.safe_dump(config, sort_keys=False)
-
-
-def parse(text: str) -> tuple[str | None, dict[str, Any]]:
-    """(model, values in snake case) from a config file's text."""
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ConfigError("a vLLM config file is a YAML mapping of option names to values")
-    model = data.pop("model", None)
-    return model, {dest_of("--" + str(k)): v for k, v in data.items()}
-
+__all__ = ["VllmConfigTarget", "wait_healthy"]
 
 def wait_healthy(url: str, timeout_s: float, interval_s: float = 1.0) -> float:
     """Seconds until GET /health is 200 and /v1/models lists a model; PublishError at the deadline."""

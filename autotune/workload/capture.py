@@ -426,7 +426,7 @@ def run_capture(listen_host: str, listen_port: int, upstream_url: str, out_path:
     Pass ``DEFAULT_HOST`` (127.0.0.1) as listen_host unless the proxy must be reachable from
     other hosts. May run in a thread of its own (it makes its own event loop).
     """
-    from autotune.workload.replay import event_loop_factory
+    from autotune.workload.eventloop import event_loop_factory
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve_capture(listen_host, listen_port, upstream_url, out_path,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.workload.slo import SLO, Verdict
+from autotune.measure.slo import SLO, Verdict
 
 __all__ = ["RequestResult", "Distribution", "Summary", "summarize", "request_value", "PERCENTILES"]
 

@@ -23,7 +23,8 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from autotune.errors import MeasurementError
-from autotune.workload.metrics import RequestResult
+from autotune.measure.metrics import RequestResult
+from autotune.workload.eventloop import event_loop_factory
 from autotune.workload.trace import Request, Workload
 
 __all__ = ["ReplayOptions", "Replay", "replay", "run_replay", "discover_model", "warm_up", "payload_for"]
@@ -224,15 +225,6 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
         wall_s = time.perf_counter() - t0_perf
     results.sort(key=lambda x: x.index)
     return Replay(model, started_at, results, wall_s, warmup_s)
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where installed (it comes with vLLM's uvicorn[standard]): about twice the requests per core."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def run_replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),

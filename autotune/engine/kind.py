@@ -1,0 +1,129 @@
+"""Engine kinds: everything autotune knows about one inference engine, behind one small base class.
+
+An engine kind answers, for the rest of autotune:
+
+    what it accepts     flag_table(command)            the flags of the installed engine (UnknownFlagError
+                                                        for anything else, before any launch)
+    how to run it       default_command, argv(...)     a command line, never a shell string
+    how it fails        failure_patterns               log texts that prove oom / invalid-args / ...
+    what to search      default_space(...)             as a study's [space] table would write it
+                        block_sizes(platform)          values the platform's kernels accept
+                        apply_rules(flags, mml)        move a point into what the engine accepts
+    how to publish      render_config / parse_config   the engine's own config file format
+                        staging_only                   values a staging engine may run, production never
+    what it reports     metrics                        its Prometheus names, under our short keys
+
+Kinds are found by name in a registry of ``"module:Class"`` strings, so adding one is a new
+module (or package) and one ``register`` call; ``kind_for_command`` picks the kind whose
+``matches`` accepts a command line, vLLM when none does. vLLM is engine/vllm/, vllm-sim's
+kind (vLLM's knowledge, the simulator's flag table) is sim/kind.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from autotune.engine.failures import COMMON_PATTERNS, Patterns
+from autotune.engine.flags import FlagTable
+from autotune.errors import ConfigError
+
+__all__ = ["EngineKind", "MetricSpec", "register", "get_kind", "kind_for_command", "kind_names"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of an engine's /metrics that autotune reads, under a short key of ours."""
+
+    name: str  # the sample name the engine exposes (counters with their _total)
+    kind: Literal["counter", "histogram", "gauge"]
+    # Only samples whose label has one of these values count (None: every sample).
+    label: tuple[str, frozenset[str]] | None = None
+    # How to combine a gauge over several engines: a KV-cache fraction is averaged, queue lengths add up.
+    combine: Literal["sum", "mean"] = "sum"
+
+
+class EngineKind:
+    """Base class of engine kinds. Override ``flag_table``; every other hook has a neutral default.
+
+    Hooks are called at study load (flag_table, default_space, block_sizes), per trial before
+    launch (apply_rules, argv) and by the launcher while the engine starts (failure_patterns).
+    None of them may start processes except ``flag_table``, which may run the engine's own
+    parser once (and should cache it).
+    """
+
+    name: str = ""
+    default_command: tuple[str, ...] = ()
+    failure_patterns: Patterns = COMMON_PATTERNS
+    staging_only: Mapping[str, Any] = {}
+    metrics: Mapping[str, MetricSpec] = {}
+
+    def matches(self, command: Sequence[str]) -> bool:
+        """Is ``command`` (an argv prefix) this kind's engine? Used to pick a kind from a command line."""
+        return False
+
+    def flag_table(self, command: Sequence[str], version: str | None = None) -> FlagTable:
+        raise NotImplementedError
+
+    def argv(self, command: Sequence[str], model: str, host: str, port: int, flags: Sequence[str]) -> list[str]:
+        return [*command, model, "--host", host, "--port", str(port), *flags]
+
+    def block_sizes(self, platform: str) -> tuple[int, ...] | None:
+        """The KV block sizes the platform accepts; None: no constraint."""
+        return None
+
+    def default_space(self, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> dict[str, dict[str, Any]]:
+        return {}
+
+    def apply_rules(self, flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
+        return flags
+
+    def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+        raise ConfigError(f"engine kind {self.name!r} has no config file format to publish")
+
+    def parse_config(self, text: str) -> tuple[str | None, dict[str, Any]]:
+        raise ConfigError(f"engine kind {self.name!r} has no config file format to read")
+
+    def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` without what only a staging engine may run."""
+        return {k: v for k, v in values.items() if self.staging_only.get(k, object()) != v}
+
+
+_REGISTRY: dict[str, str | Callable[[], EngineKind]] = {
+    "vllm": "autotune.engine.vllm:VllmKind",
+    "vllm-sim": "autotune.sim.kind:VllmSimKind",
+}
+_DEFAULT = "vllm"
+_LOADED: dict[str, EngineKind] = {}
+
+
+def register(name: str, factory: str | Callable[[], EngineKind]) -> None:
+    """Add (or replace) a kind: ``"module:Class"`` is imported on first use."""
+    _REGISTRY[name] = factory
+    _LOADED.pop(name, None)
+
+
+def kind_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_kind(name: str) -> EngineKind:
+    if name not in _LOADED:
+        factory = _REGISTRY.get(name)
+        if factory is None:
+            raise ConfigError(f"unknown engine kind {name!r}; known: {', '.join(_REGISTRY)}")
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(module), attr)
+        _LOADED[name] = factory()
+    return _LOADED[name]
+
+
+def kind_for_command(command: Sequence[str]) -> EngineKind:
+    """The kind whose ``matches`` accepts ``command``; vLLM when none does."""
+    for name in _REGISTRY:
+        if name != _DEFAULT and get_kind(name).matches(command):
+            return get_kind(name)
+    return get_kind(_DEFAULT)

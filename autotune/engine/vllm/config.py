@@ -1,0 +1,40 @@
+"""vLLM's YAML config file (`vllm serve --config FILE`): the one format autotune writes for vLLM.
+
+The file maps vLLM's long option names (without ``--``) to values, plus ``model``; a study's
+best.yaml and production's config are both written here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from autotune.engine.flags import dest_of, flag_of
+from autotune.errors import ConfigError
+
+__all__ = ["STAGING_ONLY", "production_values", "render", "parse"]
+
+# staging-only values: measuring with random weights is fine, serving them is not
+STAGING_ONLY: dict[str, Any] = {"load_format": "dummy"}
+
+
+def production_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without what only a staging engine may run."""
+    return {k: v for k, v in values.items() if STAGING_ONLY.get(k, object()) != v}
+
+
+def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+    config = {"model": model, **{flag_of(k)[2:]: v for k, v in production_values(values).items()}}
+    lines = [f"# {h}" for h in header]
+    return ("\n".join(lines) + "\n" if lines else "") + yaml.safe_dump(config, sort_keys=False)
+
+
+def parse(text: str) -> tuple[str | None, dict[str, Any]]:
+    """(model, values in snake case) from a config file's text."""
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("a vLLM config file is a YAML mapping of option names to values")
+    model = data.pop("model", None)
+    return model, {dest_of("--" + str(k)): v for k, v in data.items()}

@@ -1,0 +1,189 @@
+"""What autotune knows about vLLM's command-line flags.
+
+Which flags a vLLM accepts comes, in order of trust, from:
+1. vLLM's own argument parser, run in the engine's Python (``dump_flags``), cached per
+   interpreter and vLLM version under ``~/.cache/autotune/vllm-flags/``;
+2. else the bundled table of the supported versions (``vllm_flags.json``, produced by
+   the same dump; ``scripts/dump_vllm_flags.py`` regenerates it).
+
+The blog-post flags in REMOVED get a specific hint when a study uses them; MANAGED flags are
+autotune's own to set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from autotune.engine.flags import FlagTable
+
+__all__ = ["REMOVED", "MANAGED", "DUMP_CODE", "bundled_table", "bundled_versions", "dump_flags", "engine_python",
+           "table_for_command"]
+
+# Flags that people copy from blog posts and old docs, with what to do instead (checked against 0.32/0.33).
+REMOVED: dict[str, str] = {
+    "--enable-cuda-graph": "never existed: CUDA graphs are on by default; --enforce-eager turns them off, "
+    "--compilation-config '{\"cudagraph_mode\": ...}' shapes them",
+    "--max-cpu-layers": "never existed in vLLM; to hold part of the weights in CPU memory use --cpu-offload-gb, "
+    "for KV cache in CPU memory --kv-offloading-size",
+    "--scheduler-delay-factor": "removed with the V0 engine; batching is shaped by --max-num-batched-tokens "
+    "and --long-prefill-token-threshold",
+    "--swap-space": "removed: the V1 engine preempts by recompute and has no CPU swap; "
+    "for KV cache in CPU memory use --kv-offloading-size",
+    "--num-scheduler-steps": "removed with V0 multi-step scheduling; overlap scheduling is --async-scheduling",
+    "--preemption-mode": "removed: the V1 engine always preempts by recompute",
+    "--enable-prefix-projection": "not a vLLM flag; prefix caching is --enable-prefix-caching (on by default)",
+    "--use-v2-block-manager": "removed: the V1 block manager is the only one",
+}
+
+# Flags autotune sets itself: a user value would fight the launcher or bypass the validated space.
+MANAGED: dict[str, str] = {
+    "--host": "autotune binds the engine itself: set the host in the engine settings (default 127.0.0.1)",
+    "--port": "autotune picks the engine port: use autotune's --port",
+    "--config": "engine args must come from autotune's validated space, not a YAML file",
+    "--help": "not an engine setting",
+    "-h": "not an engine setting",
+}
+
+
+_VLLM = {"removed": REMOVED, "managed": MANAGED, "engine": "vLLM", "help_command": "`vllm serve --help=all`"}
+
+
+@lru_cache(maxsize=None)
+def _bundled() -> dict:
+    return json.loads(resources.files("autotune.engine.vllm").joinpath("vllm_flags.json").read_text())
+
+
+def bundled_versions() -> list[str]:
+    return sorted(_bundled())
+
+
+def bundled_table(version: str) -> FlagTable:
+    """The table for ``version`` (0.32.0+cpu -> 0.32); unknown versions get the newest table we have."""
+    tables = _bundled()
+    mm = ".".join(version.split("+")[0].split(".")[:2])
+    key = mm if mm in tables else bundled_versions()[-1]
+    return FlagTable.from_dump(tables[key], source=f"bundled:{key}", **_VLLM)
+
+
+# Runs inside the engine's Python: vLLM's own parser, flattened to JSON.
+DUMP_CODE = r"""
+import argparse, json, sys
+from importlib.metadata import version
+import importlib
+for where in ("common", "launchers", "openai"):  # 0.33, 0.32, older
+    try:
+        make_arg_parser = importlib.import_module(f"vllm.entrypoints.{where}.cli_args").make_arg_parser
+        break
+    except ImportError:
+        continue
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+rows = []
+for a in parser._actions:
+    longs = [s for s in a.option_strings if s.startswith("--") and not s.startswith("--no-")]
+    if not longs or isinstance(a, argparse._HelpAction):
+        continue
+    name = "--" + a.dest.replace("_", "-") if "--" + a.dest.replace("_", "-") in longs else longs[0]
+    negs = [s for s in a.option_strings if s.startswith("--no-")]
+    if isinstance(a, argparse.BooleanOptionalAction) or negs:
+        kind, typ = "bool", "bool"
+    elif a.nargs == 0:
+        kind, typ = "switch", "bool"
+    else:
+        kind = "value"
+        t = a.type
+        typ = {int: "int", float: "float", str: "str"}.get(t)
+        if typ is None:
+            n = getattr(t, "__name__", "") or ""
+            typ = "json" if "dataclass" in n or "json" in n.lower() else "str"
+    aliases = [s for s in a.option_strings if s != name and not s.startswith("--no-")]
+    rows.append({"name": name, "kind": kind, "type": typ,
+                 "choices": [str(c) for c in a.choices] if a.choices else [],
+                 "aliases": aliases})
+print(json.dumps({"version": version("vllm"), "flags": rows}))
+"""
+
+
+def engine_python(command: list[str]) -> str | None:
+    """The Python interpreter that runs an engine command, if it can be told without running it."""
+    if not command:
+        return None
+    exe = shutil.which(command[0]) or command[0]
+    name = os.path.basename(exe)
+    if name.startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(400).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and os.path.basename(parts[0]) == "env" and len(parts) > 1:
+            return shutil.which(parts[1])
+        if parts and "python" in os.path.basename(parts[0]):
+            return parts[0]
+    return None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autotune" / "vllm-flags"
+
+
+def _vllm_version(python: str) -> str | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "from importlib.metadata import version; print(version('vllm'))"],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def dump_flags(python: str, timeout: float = 300) -> dict | None:
+    """vLLM's own parser, read in its own interpreter; cached per (interpreter, vLLM version)."""
+    version = _vllm_version(python)
+    if version is None:
+        return None
+    key = hashlib.sha256(f"{os.path.realpath(python)}|{version}".encode()).hexdigest()[:16]
+    cached = _cache_dir() / f"{version}-{key}.json"
+    if cached.is_file():
+        try:
+            return json.loads(cached.read_text())
+        except json.JSONDecodeError:
+            pass
+    try:
+        out = subprocess.run([python, "-c", DUMP_CODE], capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        dump = json.loads(out.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dump))
+    os.replace(tmp, cached)
+    return dump
+
+
+def table_for_command(command: list[str], version: str | None = None) -> FlagTable:
+    """The flags the vLLM behind ``command`` accepts: its own parser if we can run it, else bundled."""
+    python = engine_python(command)
+    if python is not None:
+        dump = dump_flags(python)
+        if dump is not None:
+            return FlagTable.from_dump(dump, source="parser", **_VLLM)
+    return bundled_table(version or bundled_versions()[-1])

@@ -1,0 +1,72 @@
+"""Load profiles: which load to offer next, given the steps measured so far.
+
+A load is a multiple of the workload's arrival rate. A profile is asked after every step
+(``next_load(loads)``, with each step's load and whether it met every SLO) and answers the
+next load, or None when the measurement is complete. Profiles are pure: no engine, no HTTP.
+
+- ``FixedLoad``: one step at one load (``autotune bench``, ``autotune replay``, the canary,
+  the Pareto objective's single step).
+- ``Ladder``: a trial's capacity search. It doubles while the SLOs hold, halves while they
+  miss, then bisects (geometrically) between the last pass and the first miss, until the two
+  are within ``resolution`` of each other or ``max_steps`` steps are spent.
+
+Adding a profile (a race against the incumbent, a fixed-rate sweep) is one subclass here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["LoadProfile", "FixedLoad", "Ladder", "next_load"]
+
+Tried = Sequence[tuple[float, bool]]  # (load, passed) of each step so far, in order
+
+
+class LoadProfile:
+    """Base class of load profiles.
+
+    ``next_load`` is called before every step, with every step measured so far (empty before
+    the first). It must be pure: the same steps give the same answer.
+    """
+
+    def next_load(self, tried: Tried) -> float | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FixedLoad(LoadProfile):
+    load: float = 1.0
+
+    def next_load(self, tried: Tried) -> float | None:
+        return None if tried else self.load
+
+
+@dataclass(frozen=True)
+class Ladder(LoadProfile):
+    start: float = 1.0
+    max_steps: int = 4
+    resolution: float = 1.25  # stop when the failing load is within this factor of the passing one
+
+    def next_load(self, tried: Tried) -> float | None:
+        return next_load(tried, self.start, self.max_steps, self.resolution)
+
+
+def next_load(tried: Tried, start: float, max_steps: int, resolution: float) -> float | None:
+    """The ladder's next load, or None when the capacity is known well enough."""
+    if len(tried) >= max_steps:
+        return None
+    if not tried:
+        return start
+    passed = [load for load, ok in tried if ok]
+    failed = [load for load, ok in tried if not ok]
+    hi_pass = max(passed) if passed else None
+    lo_fail = min(failed) if failed else None
+    if lo_fail is None:
+        return hi_pass * 2
+    if hi_pass is None:
+        return lo_fail / 2
+    if lo_fail / hi_pass <= resolution:
+        return None
+    return math.sqrt(hi_pass * lo_fail)

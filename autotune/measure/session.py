@@ -1,0 +1,259 @@
+"""One measurement session: (start the engine,) replay the workload at the loads a profile picks, (stop).
+
+Every measurement autotune makes is one of these: ``autotune bench`` (an engine, one load),
+a study trial and its re-measurement (an engine, the load ladder), ``autotune replay`` and
+the publish canary (a server someone else runs, one load).
+
+``workload_at(load)`` gives the requests of one step (workload.source.LoadSteps gives the
+same duration at every load, so each step measures a steady state rather than a burst).
+After each step ``on_step`` sees the outcome so far and may answer True to stop there
+(Optuna's pruner does, for a hopeless trial). Engine failures are outcomes, never raises:
+the caller decides what a failure means.
+
+Throughput only means something at saturation, so the score of a session is its
+*capacity*: the highest load at which every SLO held (``Outcome.capacity``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.failures import Failure
+from autotune.engine.flags import FlagTable
+from autotune.engine.launcher import Engine
+from autotune.errors import EngineFailure, MeasurementError
+from autotune.measure.metrics import RequestResult, Summary, summarize
+from autotune.measure.profiles import FixedLoad, LoadProfile
+from autotune.measure.replay import Replay, ReplayOptions, run_replay
+from autotune.measure.slo import SLO, Verdict
+from autotune.workload.trace import Workload
+
+__all__ = ["Step", "Outcome", "measure_engine", "measure_url", "replay_on", "MIN_OFFERED_SHARE", "OnPhase"]
+
+OnPhase = Callable[[str], None]  # hears "starting", "load step N: R req/s", "stopping"
+OnResult = Callable[[RequestResult], None]
+
+# A step only counts when the client really offered its load: if the replay itself fell behind
+# its schedule (sends spread over a longer span than scheduled), the engine was not tested at
+# that load. A brief stall that the client makes up for does not matter: TTFT is timed from the
+# actual send.
+MIN_OFFERED_SHARE = 0.95
+
+
+@dataclass
+class Step:
+    load: float  # multiple of the workload's rate
+    rate: float  # requests/s offered
+    summary: Summary
+    verdicts: list[Verdict]
+    replay_s: float
+    results: list[RequestResult] = field(repr=False, default_factory=list)
+    model: str = ""  # the served model name the replay used
+    warmup_s: float = 0.0
+    measured_s: float = 0.0  # the replay's own duration, warm-up excluded
+
+    @property
+    def offered_share(self) -> float:
+        """Offered rate over scheduled rate: 1.0 when every request left on time."""
+        if len(self.results) < 2:
+            return 1.0
+        sent = [r.sent_s for r in self.results]
+        due = [r.scheduled_s for r in self.results]
+        sent_span, due_span = max(sent) - min(sent), max(due) - min(due)
+        if sent_span <= 0:
+            return 1.0
+        return min(due_span / sent_span, 1.0)
+
+    @property
+    def client_kept_up(self) -> bool:
+        return self.offered_share >= MIN_OFFERED_SHARE
+
+    @property
+    def slos_hold(self) -> bool:
+        return all(v.holds for v in self.verdicts)
+
+    @property
+    def passed(self) -> bool:
+        """The step counts toward capacity: every SLO held, no request failed, the load was really offered."""
+        return self.slos_hold and self.summary.failed == 0 and self.client_kept_up
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "load": self.load, "rate": self.rate, "passed": self.passed, "client_kept_up": self.client_kept_up,
+            "offered_share": self.offered_share,
+            "replay_s": self.replay_s,
+            "completed": s.completed, "failed": s.failed, "request_throughput": s.request_throughput,
+            "output_throughput": s.output_throughput, "goodput": s.goodput, "slo_attainment": s.slo_attainment,
+            "ttft_p95": s.ttft.p95, "tpot_p95": s.tpot.p95, "e2e_p95": s.e2e.p95, "send_lag_p99": s.send_lag.p99,
+            "slos": [v.to_json() for v in self.verdicts],
+        }
+
+
+@dataclass
+class Outcome:
+    url: str
+    argv: list[str] = field(default_factory=list)  # empty for a server someone else runs
+    env: dict[str, str] = field(default_factory=dict)
+    started_at: float = 0.0  # wall clock
+    failure: Failure | None = None
+    engine_ready_s: float | None = None  # launch to healthy (None: never healthy, or not ours)
+    engine_failed_after_s: float | None = None  # launch to the failure, when it failed to start
+    engine_stop_s: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    wall_s: float = 0.0
+    log_paths: dict[str, Path] = field(default_factory=dict)
+    stopped_early: bool = False  # on_step asked to stop (the pruner)
+    requests_path: Path | None = None  # every step's per-request results (JSONL)
+
+    @property
+    def engine_start_s(self) -> float:
+        """What starting the engine cost: to healthy, or to the failure."""
+        return self.engine_ready_s or self.engine_failed_after_s or 0.0
+
+    @property
+    def replay_s(self) -> float:
+        return sum(s.replay_s for s in self.steps)
+
+    @property
+    def last(self) -> Step | None:
+        return self.steps[-1] if self.steps else None
+
+    @property
+    def slos_hold(self) -> bool:
+        """A single-load session's verdict: the engine lived and every SLO held."""
+        return self.failure is None and self.last is not None and self.last.slos_hold
+
+    @property
+    def capacity(self) -> Step | None:
+        """The highest-load step that met every SLO."""
+        passed = [s for s in self.steps if s.passed]
+        return max(passed, key=lambda s: s.load) if passed else None
+
+    @property
+    def capacity_rps(self) -> float:
+        c = self.capacity
+        return c.rate if c is not None else 0.0
+
+    def judged_step(self) -> Step | None:
+        """The step whose SLO verdicts stand for the session: the capacity, else the lowest load tried."""
+        if self.capacity is not None:
+            return self.capacity
+        return min(self.steps, key=lambda s: s.load) if self.steps else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The single-load result, as ``autotune bench/replay --json`` write it."""
+        last = self.last
+        return {
+            "autotune_version": __version__,
+            "url": self.url,
+            "argv": self.argv,
+            "env": self.env,
+            "started_at": self.started_at,
+            "failure": None if self.failure is None else self.failure.to_json(),
+            "failure_class": None if self.failure is None else self.failure.failure_class.value,
+            "engine_start_s": self.engine_ready_s,
+            "engine_stop_s": self.engine_stop_s if self.argv else None,
+            "model": last.model if last else None,
+            "replay_s": last.measured_s if last else None,
+            "warmup_s": last.warmup_s if last else None,
+            "metrics": None if last is None else last.summary.to_json(),
+            "slos": [v.to_json() for v in last.verdicts] if last else [],
+            "slos_hold": self.slos_hold,
+        }
+
+    def requests_json(self) -> list[dict[str, Any]]:
+        return [r.to_json() for s in self.steps for r in s.results]
+
+
+def replay_on(engine: Engine, workload: Workload, options: ReplayOptions,
+              on_result: OnResult | None = None) -> tuple[Replay | None, Failure | None]:
+    """Replay against a running engine; (replay, None), or (what was measured, why the engine died)."""
+    try:
+        replay = run_replay(engine.url, workload, options, on_result)
+    except MeasurementError:
+        failure = engine.check()
+        if failure is None:
+            raise
+        return None, failure  # the engine died: that is the result, not a measurement problem
+    return replay, engine.check()  # did it die under load?
+
+
+def _step(load: float, workload: Workload, replay: Replay, slos: list[SLO], seconds: float) -> Step:
+    summary = summarize(replay.results, slos)
+    return Step(load, workload.rate, summary, summary.verdicts(slos), seconds, replay.results, replay.model,
+                replay.warmup_s, replay.wall_s)
+
+
+def _run_steps(out: Outcome, replay_at: Callable[[Workload, ReplayOptions], tuple[Replay | None, Failure | None]],
+               workload_at: Callable[[float], Workload], slos: list[SLO], profile: LoadProfile,
+               options: ReplayOptions, on_phase: OnPhase, on_step: Callable[[Outcome], bool]) -> None:
+    while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
+        workload = workload_at(load)
+        on_phase(f"load step {len(out.steps) + 1}: {workload.rate:.2f} req/s")
+        t = time.monotonic()
+        step_options = options if not out.steps else replace(options, warmup_requests=0)  # warm once per engine
+        replay, out.failure = replay_at(workload, step_options)
+        if replay is not None:
+            out.steps.append(_step(load, workload, replay, slos, time.monotonic() - t))
+        if out.failure is not None:
+            return
+        if on_step(out):
+            out.stopped_early = True
+            return
+
+
+def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
+                   workload_at: Callable[[float], Workload], slos: list[SLO], profile: LoadProfile, *,
+                   log_dir: Path, startup_timeout: float = 900.0, replay: ReplayOptions = ReplayOptions(),
+                   requests_file: Path | None = None, on_phase: OnPhase = lambda _: None,
+                   on_step: Callable[[Outcome], bool] = lambda _: False,
+                   on_result: OnResult | None = None) -> Outcome:
+    """Start the engine with ``args`` (its flags checked first), step the load, stop it."""
+    t0 = time.monotonic()
+    spec = command.launch_spec(args, table, log_dir, startup_timeout)
+    out = Outcome(url=spec.url, argv=spec.argv, env=spec.env, started_at=time.time())
+    engine = Engine(spec)
+    out.log_paths = engine.log_paths
+    try:
+        on_phase("starting")
+        try:
+            engine.start()
+        except EngineFailure as e:
+            out.failure = e.failure
+            out.engine_failed_after_s = engine.failed_after_s or 0.0  # the engine's own time to fail
+            return out
+        out.engine_ready_s = engine.ready_s or 0.0
+        _run_steps(out, lambda w, o: replay_on(engine, w, o, on_result), workload_at, slos, profile, replay,
+                   on_phase, on_step)
+        return out
+    finally:
+        on_phase("stopping")
+        engine.stop()
+        out.engine_stop_s = engine.stop_s or 0.0
+        out.wall_s = time.monotonic() - t0
+        if out.steps and requests_file is not None:
+            out.requests_path = requests_file
+            with open(requests_file, "w") as f:
+                for step in out.steps:
+                    for r in step.results:
+                        f.write(json.dumps({"load": step.load, **r.to_json()}) + "\n")
+
+
+def measure_url(url: str, workload_at: Callable[[float], Workload], slos: list[SLO],
+                options: ReplayOptions = ReplayOptions(), profile: LoadProfile = FixedLoad(), *,
+                on_result: OnResult | None = None) -> Outcome:
+    """Replay against a server someone else runs (MeasurementError when nothing could be measured)."""
+    t0 = time.monotonic()
+    out = Outcome(url=url, started_at=time.time())
+    _run_steps(out, lambda w, o: (run_replay(url, w, o, on_result), None), workload_at, slos, profile, options,
+               lambda _: None, lambda _: False)
+    out.wall_s = time.monotonic() - t0
+    return out
