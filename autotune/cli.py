@@ -268,9 +268,10 @@ def _definition(a: argparse.Namespace):
 
 
 def cmd_study(a: argparse.Namespace) -> int:
-    from autotune.console import StudyView, print_comparison
-    from autotune.study.outputs import best_trial, comparison, write_best
-    from autotune.study.runner import StudyRun, open_study, remeasured_winner
+    from autotune.console import StudyView, print_comparison, print_pareto
+    from autotune.study.outputs import comparison, write_best
+    from autotune.study.records import StudyResult
+    from autotune.study.runner import StudyRun, open_study
     from autotune.workload.source import LoadSteps
 
     d = _definition(a)
@@ -287,9 +288,9 @@ def cmd_study(a: argparse.Namespace) -> int:
         run = StudyRun(d, table, steps, show=view.show)
 
         def best_so_far(study, trial) -> None:
-            b = best_trial(study)
+            b = StudyResult.of(study).best
             if b is not None:
-                view.set_best(f"{b.user_attrs.get('capacity_rps', 0):.2f} req/s (trial {b.number})")
+                view.set_best(f"{b.capacity_rps:.2f} req/s (trial {b.number})")
 
         run.callbacks = [best_so_far]
         try:
@@ -298,23 +299,19 @@ def cmd_study(a: argparse.Namespace) -> int:
             print(f"autotune: interrupted; the engine was stopped. Rerun the same command to resume study {d.name}.",
                   file=sys.stderr)
             return 130
-        remeasured = remeasured_winner(study)  # a rerun of a finished study keeps its verdict
-        if remeasured is None and not a.no_remeasure and d.objective.kind != "pareto":
-            remeasured = run.remeasure(study)
-    if d.objective.kind == "pareto":
-        from autotune.console import print_pareto
-
-        front = [t for t in study.best_trials if all(c <= 0 for c in t.user_attrs.get("constraints", [0.0]))]
-        print_pareto(front)
-        return EXIT_OK if front else EXIT_SLO_MISS
-    winner = best_trial(study)
-    if remeasured is not None:
-        winner = study.trials[remeasured["winner_trial"]]
-    print_comparison(comparison(study, winner), remeasured)
+        # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
+        if StudyResult.of(study).remeasurement is None and not a.no_remeasure and d.objective.kind != "pareto":
+            run.remeasure(study)
+    result = StudyResult.of(study)
+    if result.pareto:
+        print_pareto(result.front)
+        return EXIT_OK if result.front else EXIT_SLO_MISS
+    winner = result.winner
+    print_comparison(comparison(result, winner), result.remeasurement)
     if winner is None:
         print("autotune: no trial met every SLO; see the dashboard: autotune dashboard " + str(a.file), file=sys.stderr)
         return EXIT_SLO_MISS
-    paths = write_best(winner, d.command.model, d.run_dir)
+    paths = write_best(winner, d.command.model, d.command.engine_kind, d.run_dir)
     print(f"best config: {paths['yaml']} (vllm serve --config), command line: {paths['command']}")
     return EXIT_OK
 
@@ -359,7 +356,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
 
 def _daemon_parts(a: argparse.Namespace):
     from autotune.daemon.config import load_daemon_config
-    from autotune.daemon.loop import daemon_root
+    from autotune.daemon.production import daemon_root
     from autotune.daemon.state import StateStore
     from autotune.publish.history import History
 
@@ -388,11 +385,13 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_publish(a: argparse.Namespace) -> int:
-    from autotune.daemon.loop import Daemon, publish_lock
-    from autotune.publish.transaction import publish
+    from autotune.daemon.production import build_target, production_canary
+    from autotune.daemon.fingerprint import Fingerprint
+    from autotune.publish.transaction import PublishLock, publish
+    from autotune.study.definition import load_study
 
-    cfg, root, _, history = _daemon_parts(a)
-    with publish_lock(root):
+    cfg, root, store, history = _daemon_parts(a)
+    with PublishLock(root):
         proposal = history.proposal()
         if proposal is None:
             raise ConfigError("no proposal waits for approval (autotune status shows the history)")
@@ -400,19 +399,23 @@ def cmd_publish(a: argparse.Namespace) -> int:
             history.settle(proposal, "rejected", reason="rejected by hand")
             print(f"autotune: entry {proposal.number} rejected; production unchanged")
             return EXIT_OK
-        d = Daemon(cfg)  # for its target and its canary (production's traffic, as last fingerprinted)
-        result = publish(d.target, proposal.values, history, d.canary(), entry=proposal)
+        # the canary imitates production's traffic as the daemon last fingerprinted it
+        fp = store.load().tuned_fingerprint
+        target = build_target(cfg)
+        canary = production_canary(cfg, target, Fingerprint.from_json(fp) if fp else None,
+                                   load_study(cfg.staging_study).workload.tokenizer)
+        result = publish(target, proposal.values, history, canary, entry=proposal)
     print(f"autotune: entry {result.entry.number}: {result.outcome}" +
           (f" ({result.entry.reason})" if result.entry.reason else ""))
     return EXIT_OK if result.ok else EXIT_SLO_MISS
 
 
 def cmd_rollback(a: argparse.Namespace) -> int:
-    from autotune.daemon.loop import build_target, publish_lock
-    from autotune.publish.transaction import rollback
+    from autotune.daemon.production import build_target
+    from autotune.publish.transaction import PublishLock, rollback
 
     cfg, root, _, history = _daemon_parts(a)
-    with publish_lock(root):
+    with PublishLock(root):
         entry = rollback(build_target(cfg), history, a.to)
     print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")
     return EXIT_OK
@@ -456,12 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         if handler is not None:
             return handler(a)
         return cmd_replay(a)
-    except ConfigError as e:
+    except AutotuneError as e:  # ConfigError: exit 2; anything else we raise on purpose: exit 1
         print(f"autotune: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except AutotuneError as e:
-        print(f"autotune: {e}", file=sys.stderr)
-        return EXIT_SLO_MISS
+        return e.exit_code
     except KeyboardInterrupt:
         print("autotune: interrupted; the engine was stopped", file=sys.stderr)
         return 130

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.session import Outcome
+from autotune.study.records import Remeasurement
 from autotune.measure.metrics import Distribution
 
 out = Console()
@@ -111,7 +112,7 @@ class StudyView:
         self.best = text
 
 
-def print_comparison(rows, remeasure: dict | None) -> None:
+def print_comparison(rows, remeasure: Remeasurement | None) -> None:
     t = Table(title="best config against the baselines")
     for col in ("config", "trial", "capacity req/s", "output tok/s", "p95 TTFT ms", "gain", "state"):
         t.add_column(col, justify="left" if col in ("config", "state") else "right")
@@ -127,17 +128,18 @@ def print_comparison(rows, remeasure: dict | None) -> None:
         m = Table(title="re-measured, interleaved (capacity req/s)")
         for col in ("candidate", "runs", "median", "spread"):
             m.add_column(col)
-        for c in remeasure["candidates"]:
+        for c in remeasure.candidates:
             m.add_row(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
         out.print(m)
-        if remeasure["winner"] == remeasure["baseline"]:
-            verdict = f"no gain: no searched config beat {remeasure['baseline']} on the median"
-        elif remeasure["significant"]:
-            verdict = (f"{remeasure['winner']} beats {remeasure['baseline']} by {remeasure['gain_rps']:.2f} req/s, "
-                       f"more than the spread ({remeasure['noise_rps']:.2f})")
+        r = remeasure
+        if r.winner == r.baseline:
+            verdict = f"no gain: no searched config beat {r.baseline} on the median"
+        elif r.significant:
+            verdict = (f"{r.winner} beats {r.baseline} by {r.gain_rps:.2f} req/s, "
+                       f"more than the spread ({r.noise_rps:.2f})")
         else:
-            verdict = (f"no gain: {remeasure['winner']} and {remeasure['baseline']} differ by "
-                       f"{remeasure['gain_rps']:.2f} req/s, within the spread ({remeasure['noise_rps']:.2f})")
+            verdict = (f"no gain: {r.winner} and {r.baseline} differ by "
+                       f"{r.gain_rps:.2f} req/s, within the spread ({r.noise_rps:.2f})")
         out.print(verdict)
 
 
@@ -147,7 +149,7 @@ def print_pareto(front) -> None:
     for col in ("trial", "output tok/s", "p95 TTFT ms", "config"):
         t.add_column(col, justify="left" if col == "config" else "right")
     for tr in sorted(front, key=lambda x: -x.values[0]):
-        label = tr.user_attrs.get("baseline") or ", ".join(f"{k}={v}" for k, v in tr.params.items())
+        label = tr.baseline or ", ".join(f"{k}={v}" for k, v in tr.params.items())
         t.add_row(str(tr.number), f"{tr.values[0]:.1f}", f"{tr.values[1] * 1000:.0f}", label)
     out.print(t)
     if not front:

@@ -4,10 +4,17 @@
     ├── ConfigError            bad input from the user: exit code 2, one line that says what to do
     │   ├── SLOSyntaxError        an --slo that does not parse
     │   ├── TraceFormatError      a workload file that does not read
-    │   └── UnknownFlagError      an engine flag the target vLLM does not accept
+    │   ├── UnknownFlagError      an engine flag the target vLLM does not accept
+    │   └── UnmappableEngineArgError  engine args that cannot go through a publish target (Xinference)
     ├── EngineFailure          the engine did not come up, or died (carries its FailureClass)
+    ├── TrialFailed            a trial that failed through no fault of its config (Optuna records FAIL)
     ├── MeasurementError       a replay that could not measure anything (server gone, no model)
-    └── PublishError           production could not be brought to a config (write, restart, health, canary)
+    ├── PublishError           production could not be brought to a config (write, restart, health, canary)
+    │   └── XinferenceError       Xinference refused or failed a request
+    │       ├── XinferenceUnavailable   it did not answer
+    │       ├── XinferenceAuthError     setup, login or a token was refused
+    │       └── XinferenceDeployError   the model did not come up with the new engine kwargs
+    └── IllegalTransition      a lifecycle (engine, daemon phase) asked for a step it does not allow: a bug
 
 Outside exceptions (httpx, subprocess, vLLM's exit codes and log lines) are turned
 into these at one boundary each, with ``raise ... from``.
@@ -15,6 +22,7 @@ into these at one boundary each, with ``raise ... from``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,11 +37,20 @@ __all__ = [
     "EngineFailure",
     "MeasurementError",
     "PublishError",
+    "TrialFailed",
+    "XinferenceError",
+    "XinferenceUnavailable",
+    "XinferenceAuthError",
+    "XinferenceDeployError",
+    "UnmappableEngineArgError",
+    "IllegalTransition",
 ]
 
 
 class AutotuneError(Exception):
-    """Root of every error autotune raises on purpose."""
+    """Root of every error autotune raises on purpose; the CLI exits with ``exit_code``."""
+
+    exit_code = 1
 
 
 class ConfigError(AutotuneError):
@@ -65,9 +82,50 @@ class EngineFailure(AutotuneError):
         super().__init__(f"engine failed ({failure.failure_class.value}): {failure.summary}")
 
 
+class TrialFailed(AutotuneError):
+    """A trial that failed through no fault of its config (the port was taken): FAIL, which samplers ignore.
+
+    The study catches this one by name; any other exception from a trial stops the study.
+    """
+
+
 class MeasurementError(AutotuneError):
     pass
 
 
 class PublishError(AutotuneError):
     """Production could not be brought to a config (write, restart, health or canary failed)."""
+
+
+class XinferenceError(PublishError):
+    """Xinference refused or failed a request; ``detail`` is its own error text."""
+
+    def __init__(self, message: str, *, status: int | None = None, detail: str = "") -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(message)
+
+
+class XinferenceUnavailable(XinferenceError):
+    """Xinference did not answer (refused, reset, timed out)."""
+
+
+class XinferenceAuthError(XinferenceError):
+    """Setup, login or a bearer token was refused."""
+
+
+class XinferenceDeployError(XinferenceError):
+    """The model did not come up with the new engine kwargs (the engine's error, a timeout, a cancel)."""
+
+
+class UnmappableEngineArgError(ConfigError):
+    """Engine args that cannot go through Xinference; ``reasons`` maps each to why."""
+
+    def __init__(self, reasons: Mapping[str, str]) -> None:
+        self.reasons = dict(reasons)
+        super().__init__("cannot publish through Xinference: "
+                         + "; ".join(f"{name}: {why}" for name, why in self.reasons.items()))
+
+
+class IllegalTransition(AutotuneError):
+    """A lifecycle (an engine process, the daemon's phase) was asked for a step it does not allow: a bug."""

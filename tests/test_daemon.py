@@ -17,7 +17,8 @@ import pytest
 from autotune.daemon.config import TimeWindow, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.loop import Daemon
-from autotune.daemon.state import DaemonState, IllegalTransition, Observation, Phase, StateStore, decide
+from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
+from autotune.errors import IllegalTransition
 from autotune.errors import ConfigError
 from tests.conftest import free_port
 from tests.test_publish import SERVICE

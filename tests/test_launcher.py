@@ -19,7 +19,7 @@ import pytest
 from autotune.engine.failures import FailureClass
 from autotune.engine.launcher import Engine, EngineState, LaunchSpec, port_is_free
 from autotune.engine.vllm.failures import PATTERNS
-from autotune.errors import EngineFailure
+from autotune.errors import EngineFailure, IllegalTransition
 from tests.conftest import free_port
 
 HEALTHY = textwrap.dedent("""
@@ -123,7 +123,7 @@ def test_sigterm_ignored_gets_sigkill(tmp_path):
 def test_illegal_transition_raises(tmp_path):
     e = Engine(spec(tmp_path, HEALTHY))
     e.stop()
-    with pytest.raises(RuntimeError, match="cannot go from stopped to starting"):
+    with pytest.raises(IllegalTransition, match="cannot go from stopped to starting"):
         e.start()
 
 

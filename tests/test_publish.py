@@ -130,5 +130,12 @@ def test_no_good_config_to_return_to_is_loud(tmp_path):
         def endpoint(self):
             return "http://127.0.0.1:9"
 
+        def canary_client(self):
+            from autotune.publish.target import CanaryClient
+            return CanaryClient()
+
+        def production_values(self, values):
+            return dict(values)
+
     with pytest.raises(AutotuneError, match="needs a person"):
         publish(Broken(), {"max_num_seqs": 8}, History(tmp_path / "h"), lambda url: CanaryResult(True, {}))

@@ -20,7 +20,7 @@ from autotune.engine.vllm.failures import PATTERNS
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import StepModel
 from autotune.sim.profiles import gpu_profile, model_shape
-from autotune.sim.scheduler import Request, Scheduler, StepPlan
+from autotune.sim.scheduler import Request, Scheduler, StepPlan, block_hashes
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, StartupFailed, capacity, simulate
 from autotune.measure.metrics import summarize
@@ -36,7 +36,8 @@ H100 = gpu_profile("h100-80gb")
 def hashes(rid: str, prompt_len: int, bs: int, group: str | None = None, shared_tokens: int = 0) -> list[int]:
     """Full prompt blocks inside the shared part hash by group (equal across the group), the rest by request."""
     shared = min(shared_tokens, prompt_len) // bs if group is not None else 0
-    return [hash(("group", group, i)) if i < shared else hash(("own", rid, i)) for i in range(prompt_len // bs)]
+    stand_ins = [("group", group, i) if i < shared else ("own", rid, i) for i in range(prompt_len // bs)]
+    return block_hashes(stand_ins, 1)  # one stand-in per block
 
 
 def make_req(rid: str, prompt_len: int, max_tokens: int, bs: int = 16, group: str | None = None,

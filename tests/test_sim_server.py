@@ -28,9 +28,9 @@ from autotune.sim import cli
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import StepModel
 from autotune.sim.profiles import gpu_profile, model_shape, write_model_dir
-from autotune.sim.scheduler import Request, StepPlan
-from autotune.sim.server import TextCodec, block_hashes, eos_length
+from autotune.sim.scheduler import Request, StepPlan, block_hashes
 from autotune.sim.startup import plan_startup
+from autotune.sim.text import TextCodec, eos_length
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.study.definition import load_study, parse_duration
+from autotune.study.definition import load_study
+from autotune.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "studies").glob("*.toml"))

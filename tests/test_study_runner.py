@@ -8,7 +8,9 @@ from autotune.engine.args import EngineArgs
 from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError
 from autotune.study.definition import load_study
-from autotune.study.runner import Candidate, StudyRun, constraints_of, judge, open_study
+from autotune.engine.kind import get_kind
+from autotune.study.records import Candidate, TrialRecord, constraints_of, judge
+from autotune.study.runner import StudyRun, open_study
 from autotune.workload.source import LoadSteps
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -101,7 +103,7 @@ def test_best_config_files(tmp_path):
                         "env": {"VLLM_CACHE_ROOT": "/var/cache/x y"}},
         "argv": ["vllm", "serve", "m", "--port", "8100", "--max-num-seqs", "64", "--load-format", "dummy"],
         "capacity_rps": 12.5})
-    paths = write_best(t, "m", tmp_path)
+    paths = write_best(TrialRecord.of(t), "m", get_kind("vllm"), tmp_path)
     text = paths["yaml"].read_text()
     assert yaml.safe_load(text) == {"model": "m", "max-num-seqs": 64, "enable-prefix-caching": False}
     assert "load_format dummy" in text and "VLLM_CACHE_ROOT='/var/cache/x y'" in text  # said, not configured
@@ -115,15 +117,15 @@ def _cand(label, caps, n=0):
 
 def test_a_gain_within_the_spread_is_no_gain():
     v = judge([_cand("trial 4", [12.0, 9.0, 11.0], 4), _cand("baseline vllm-defaults", [10.0, 10.5, 9.5])])
-    assert v["winner"] == "trial 4" and v["gain_rps"] == pytest.approx(1.0)
-    assert v["noise_rps"] == pytest.approx(3.0) and not v["significant"]
+    assert v.winner == "trial 4" and v.gain_rps == pytest.approx(1.0)
+    assert v.noise_rps == pytest.approx(3.0) and not v.significant
 
 
 def test_a_gain_beyond_the_spread_is_significant():
     v = judge([_cand("trial 4", [15.0, 14.0], 4), _cand("baseline vllm-defaults", [10.0, 10.5])])
-    assert v["winner_trial"] == 4 and v["significant"] and v["gain_rps"] == pytest.approx(4.25)
+    assert v.winner_trial == 4 and v.significant and v.gain_rps == pytest.approx(4.25)
 
 
 def test_the_baseline_can_win_and_is_then_no_gain():
     v = judge([_cand("trial 4", [9.0, 9.0], 4), _cand("baseline xinference-4.1", [20.0, 20.0])])
-    assert v["winner"] == "baseline xinference-4.1" and not v["significant"]
+    assert v.winner == "baseline xinference-4.1" and not v.significant

@@ -16,18 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from autotune.daemon.watcher import (
-    Fingerprint,
-    Histogram,
-    Snapshot,
-    Watcher,
-    Window,
-    drift,
-    drift_features,
-    parse_metrics,
-    scrape,
-    workload_from,
-)
+from autotune.daemon.fingerprint import Fingerprint, drift, drift_features, workload_from
+from autotune.daemon.prometheus import Histogram, Snapshot, parse_metrics, scrape
+from autotune.daemon.watcher import Watcher
+from autotune.daemon.window import Window
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.measure.replay import ReplayOptions, run_replay
 from autotune.measure.slo import parse_slos

@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.publish.xinference import XinferenceAuth, XinferenceDeployError, XinferenceTarget, setup_token_from_log
+from autotune.errors import XinferenceDeployError
+from autotune.publish.xinference import XinferenceAuth, XinferenceTarget, setup_token_from_log
 from tests.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.xinference

@@ -18,16 +18,13 @@ import pytest
 from autotune.engine.flags import dest_of
 from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError
+from autotune.errors import UnmappableEngineArgError, XinferenceAuthError, XinferenceDeployError, XinferenceUnavailable
 from autotune.publish.xinference import (
     LAUNCH_FIELDS,
     RESERVED_VLLM_ARGS,
     VLLM_FRONTEND_ARGS,
-    UnmappableEngineArgError,
     XinferenceAuth,
-    XinferenceAuthError,
-    XinferenceDeployError,
     XinferenceTarget,
-    XinferenceUnavailable,
     engine_kwargs,
     setup_token_from_log,
 )

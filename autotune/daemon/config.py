@@ -48,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.study.definition import parse_duration, read_toml
+from autotune.publish.target import check_settings
+from autotune.study.definition import read_toml
+from autotune.units import parse_duration
 from autotune.measure.slo import SLO, parse_slos
 
 __all__ = ["DaemonConfig", "Production", "Triggers", "TimeWindow", "load_daemon_config"]
@@ -78,12 +80,8 @@ class TimeWindow:
 @dataclass(frozen=True)
 class Production:
     url: str
-    kind: str = "vllm-config"
-    config: Path | None = None
-    model: str = ""
-    restart: tuple[str, ...] = ()
-    health_timeout_s: float = 900.0
-    xinference: dict[str, Any] = field(default_factory=dict)
+    kind: str = "vllm-config"  # a publish target kind (publish/target.py), which reads its own keys
+    settings: dict[str, Any] = field(default_factory=dict)  # the [production] table as written
 
 
 @dataclass(frozen=True)
@@ -140,28 +138,12 @@ def load_daemon_config(path: str | Path) -> DaemonConfig:
         raise ConfigError(f"{w}: give the SLOs production must meet, e.g. slos = [\"ttft<800ms\"]")
 
     prod = _table(data, "production", w)
-    _known(prod, {"url", "kind", "config", "model", "restart", "health_timeout", "xinference_url", "model_uid",
-                  "model_name", "model_engine", "username", "password_file", "launch"}, f"{w} [production]")
     if "url" not in prod:
         raise ConfigError(f"{w} [production].url is missing: production's base URL, e.g. http://127.0.0.1:8000")
     kind = prod.get("kind", "vllm-config")
-    if kind == "vllm-config":
-        if "config" not in prod or "restart" not in prod or "model" not in prod:
-            raise ConfigError(f"{w} [production]: kind vllm-config needs config (the YAML file), model and "
-                              "restart (an argv list such as [\"systemctl\", \"restart\", \"vllm@production\"])")
-        restart = prod["restart"]
-        if not isinstance(restart, list) or not restart or not all(isinstance(x, str) for x in restart):
-            raise ConfigError(f"{w} [production].restart must be a list of strings (an argv, run without a shell)")
-    elif kind != "xinference":
-        raise ConfigError(f"{w} [production].kind must be 'vllm-config' or 'xinference', got {kind!r}")
-    production = Production(
-        url=str(prod["url"]).rstrip("/"), kind=kind,
-        config=Path(prod["config"]) if "config" in prod else None, model=str(prod.get("model", "")),
-        restart=tuple(prod.get("restart", ())),
-        health_timeout_s=parse_duration(prod.get("health_timeout", 900), f"{w} [production].health_timeout"),
-        xinference={k: v for k, v in prod.items() if k in {"xinference_url", "model_uid", "model_name",
-                                                            "model_engine", "username", "password_file", "launch"}},
-    )
+    settings = {k: v for k, v in prod.items() if k not in ("url", "kind")}
+    check_settings(kind, settings, f"{w} [production]")  # each target kind checks its own keys
+    production = Production(url=str(prod["url"]).rstrip("/"), kind=kind, settings=settings)
 
     staging = _table(data, "staging", w)
     _known(staging, {"study", "trace"}, f"{w} [staging]")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import IllegalTransition
 from autotune.locations import atomic_write
 
 __all__ = ["Phase", "DaemonState", "StateStore", "decide", "IllegalTransition"]
@@ -46,10 +47,6 @@ ALLOWED: dict[Phase, set[Phase]] = {
     Phase.VERIFYING: {Phase.WATCHING, Phase.ROLLING_BACK},
     Phase.ROLLING_BACK: {Phase.WATCHING},
 }
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

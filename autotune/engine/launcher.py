@@ -33,7 +33,7 @@ import psutil
 from autotune.engine import gpu
 from autotune.engine.failures import COMMON_PATTERNS, Failure, FailureClass, LogWatch, Patterns, classify_exit
 from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
-from autotune.errors import EngineFailure
+from autotune.errors import EngineFailure, IllegalTransition
 from autotune.locations import state_dir as default_state_dir
 
 __all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free"]
@@ -125,7 +125,7 @@ class Engine:
 
     def _to(self, new: EngineState) -> None:
         if new not in _ALLOWED[self.state]:
-            raise RuntimeError(f"engine cannot go from {self.state.value} to {new.value}")
+            raise IllegalTransition(f"engine cannot go from {self.state.value} to {new.value}")
         self.state = new
 
     @property

@@ -5,8 +5,8 @@
                    -> published                                     all passed
                    -> deploy the last good config -> rolled-back    anything failed
 
-A target is anything with ``deployed()``, ``deploy(values)`` and ``endpoint()``: a vLLM YAML
-config with a restart command (vllm_config.py) or an Xinference model (xinference.py). The
+A target is anything target.Target describes: a vLLM YAML config with a restart command
+(vllm_config.py) or an Xinference model (xinference.py). The
 canary is a callable so the daemon can build it from production's own traffic and a person
 running ``autotune publish`` from the study's workload.
 """
@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.publish.history import Entry, History
-from autotune.engine.vllm.config import production_values
-from autotune.publish.vllm_config import wait_healthy
+from autotune.publish.target import Target, wait_healthy
 
-__all__ = ["Target", "CanaryResult", "PublishResult", "publish", "rollback", "recover", "adopt"]
-
-
-class Target(Protocol):
-    name: str
-
-    def deployed(self) -> dict[str, Any] | None: ...
-    def deploy(self, values: Mapping[str, Any]) -> None: ...
-    def endpoint(self) -> str: ...
+__all__ = ["CanaryResult", "PublishResult", "publish", "rollback", "recover", "adopt", "PublishLock"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,7 @@ def publish(target: Target, values: Mapping[str, Any], history: History, canary:
     ``on_phase`` hears "verifying" before the canary and "rolling_back" before a rollback.
     """
     adopt(target, history)
-    values = production_values(values)
+    values = target.production_values(values)
     if entry is None:
         entry = history.add("pending", values, source=dict(source or {}))
     else:  # an approved proposal
@@ -149,3 +141,24 @@ def recover(target: Target, history: History, canary: Canary) -> PublishResult |
     if not result.passed:
         return _roll_back(target, history, entry, f"interrupted; {result.reason}", result.summary)
     return PublishResult(history.settle(entry, "published", canary=result.summary), True)
+
+
+class PublishLock:
+    """One publish at a time per daemon: the daemon's own and `autotune publish --approve`/`rollback`."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = Path(root) / "publish.lock"
+
+    def __enter__(self) -> PublishLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w")
+        fcntl.flock(self._f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        fcntl.flock(self._f, fcntl.LOCK_UN)
+        self._f.close()

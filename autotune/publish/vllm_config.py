@@ -1,47 +1,31 @@
 """Production as a vLLM YAML config (`vllm serve --config FILE`) and a restart command.
 
-The file's format is the vLLM engine kind's (engine/vllm/config.py). Publishing here means: check the args against vLLM's flags, write the file atomically, run the restart
-command (an argv, never a shell line: ``["systemctl", "restart", "vllm@production"]``), and
-wait until ``/health`` answers 200 and the model is served.
+The file's format is the vLLM engine kind's (engine/vllm/config.py). Publishing here means:
+check the args against vLLM's flags, write the file atomically, run the restart command (an
+argv, never a shell line: ``["systemctl", "restart", "vllm@production"]``), and wait until
+``/health`` answers 200 and the model is served.
+
+Its ``[production]`` keys: ``config`` (the YAML file), ``model``, ``restart`` (an argv list),
+``health_timeout`` (default 15 min).
 """
 
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from autotune.engine.args import EngineArgs
 from autotune.engine.flags import FlagTable, check_args
-from autotune.engine.vllm.config import parse, production_values, render
+from autotune.engine.kind import EngineKind, get_kind
 from autotune.errors import ConfigError, PublishError
 from autotune.locations import atomic_write
+from autotune.publish.target import CanaryClient, Target, wait_healthy
+from autotune.units import parse_duration
 
-__all__ = ["VllmConfigTarget", "wait_healthy"]
-
-def wait_healthy(url: str, timeout_s: float, interval_s: float = 1.0) -> float:
-    """Seconds until GET /health is 200 and /v1/models lists a model; PublishError at the deadline."""
-    t0 = time.monotonic()
-    last = "no answer"
-    with httpx.Client(timeout=5.0) as client:
-        while time.monotonic() - t0 < timeout_s:
-            try:
-                h = client.get(f"{url}/health")
-                if h.status_code == 200:
-                    m = client.get(f"{url}/v1/models")
-                    if m.status_code == 200 and m.json().get("data"):
-                        return time.monotonic() - t0
-                last = f"/health {h.status_code}"
-            except httpx.HTTPError as e:
-                last = type(e).__name__
-            time.sleep(interval_s)
-    raise PublishError(f"{url} not healthy after {timeout_s:.0f} s (last: {last})")
-
+__all__ = ["VllmConfigTarget"]
 
 @dataclass
 class VllmConfigTarget:
@@ -55,12 +39,36 @@ class VllmConfigTarget:
     # serves: as long as a model load (systemd/vllm@.service allows 15 min) plus the old one's stop
     restart_timeout_s: float = 1020.0
     name: str = "vllm-config"
+    engine: EngineKind = field(default_factory=lambda: get_kind("vllm"))
+
+    @classmethod
+    def check_settings(cls, table: Mapping[str, Any], where: str) -> None:
+        extra = set(table) - {"config", "model", "restart", "health_timeout"}
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind vllm-config "
+                              "(known: config, model, restart, health_timeout)")
+        if "config" not in table or "restart" not in table or "model" not in table:
+            raise ConfigError(f"{where}: kind vllm-config needs config (the YAML file), model and "
+                              "restart (an argv list such as [\"systemctl\", \"restart\", \"vllm@production\"])")
+        restart = table["restart"]
+        if not isinstance(restart, list) or not restart or not all(isinstance(x, str) for x in restart):
+            raise ConfigError(f"{where}.restart must be a list of strings (an argv, run without a shell)")
+        parse_duration(table.get("health_timeout", 900), f"{where}.health_timeout")
+
+    @classmethod
+    def from_settings(cls, url: str, table: Mapping[str, Any], where: str) -> Target:
+        cls.check_settings(table, where)
+        engine = get_kind("vllm")
+        health = parse_duration(table.get("health_timeout", 900), f"{where}.health_timeout")
+        return cls(Path(table["config"]), str(table["model"]), tuple(table["restart"]), url,
+                   engine.flag_table(["vllm"]), health_timeout_s=health, restart_timeout_s=health + 120,
+                   engine=engine)
 
     def deployed(self) -> dict[str, Any] | None:
         """The engine args in the config file now (None when there is no file yet)."""
         if not self.config_path.is_file():
             return None
-        return parse(self.config_path.read_text())[1]
+        return self.engine.parse_config(self.config_path.read_text())[1]
 
     def validate(self, values: Mapping[str, Any]) -> None:
         check_args(EngineArgs(dict(values)).to_args(), self.table)
@@ -69,9 +77,9 @@ class VllmConfigTarget:
                 raise ConfigError(f"{managed} belongs to the production unit, not to a tuned config")
 
     def deploy(self, values: Mapping[str, Any], header: Sequence[str] = ()) -> None:
-        values = production_values(values)
+        values = self.engine.production_values(values)
         self.validate(values)
-        atomic_write(self.config_path, render(self.model, values, header))
+        atomic_write(self.config_path, self.engine.render_config(self.model, values, header))
         try:
             r = subprocess.run(list(self.restart), capture_output=True, text=True, timeout=self.restart_timeout_s)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -83,3 +91,9 @@ class VllmConfigTarget:
 
     def endpoint(self) -> str:
         return self.url
+
+    def canary_client(self) -> CanaryClient:
+        return CanaryClient("completion")
+
+    def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return self.engine.production_values(values)

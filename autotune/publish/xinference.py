@@ -40,7 +40,10 @@ from typing import Any, Self
 
 import httpx
 
-from autotune.errors import AutotuneError, ConfigError
+from autotune.engine.kind import get_kind
+from autotune.errors import (ConfigError, UnmappableEngineArgError, XinferenceAuthError, XinferenceDeployError,
+                             XinferenceError, XinferenceUnavailable)
+from autotune.publish.target import CanaryClient, Target
 
 __all__ = [
     "LAUNCH_FIELDS",
@@ -48,13 +51,8 @@ __all__ = [
     "VLLM_FRONTEND_ARGS",
     "XINFERENCE_OPTIONS",
     "Deployment",
-    "UnmappableEngineArgError",
     "XinferenceAuth",
-    "XinferenceAuthError",
-    "XinferenceDeployError",
-    "XinferenceError",
     "XinferenceTarget",
-    "XinferenceUnavailable",
     "engine_kwargs",
     "setup_token_from_log",
     "target_from_config",
@@ -131,36 +129,6 @@ _ENGINES_WITH_RELOAD_CONFIG = frozenset({"vllm", "sglang"})
 
 
 # --- errors ------------------------------------------------------------------------------------
-
-class XinferenceError(AutotuneError):
-    """Xinference refused or failed a request; ``detail`` is its own error text."""
-
-    def __init__(self, message: str, *, status: int | None = None, detail: str = "") -> None:
-        self.status = status
-        self.detail = detail
-        super().__init__(message)
-
-
-class XinferenceUnavailable(XinferenceError):
-    """Xinference did not answer (refused, reset, timed out)."""
-
-
-class XinferenceAuthError(XinferenceError):
-    """Setup, login or a bearer token was refused."""
-
-
-class XinferenceDeployError(XinferenceError):
-    """The model did not come up with the new engine kwargs (the engine's error, a timeout, a cancel)."""
-
-
-class UnmappableEngineArgError(ConfigError):
-    """Engine args that cannot go through Xinference; ``reasons`` maps each to why."""
-
-    def __init__(self, reasons: Mapping[str, str]) -> None:
-        self.reasons = dict(reasons)
-        super().__init__("cannot publish through Xinference: "
-                         + "; ".join(f"{name}: {why}" for name, why in self.reasons.items()))
-
 
 # --- the mapping -------------------------------------------------------------------------------
 
@@ -508,12 +476,44 @@ class XinferenceTarget:
         send ``headers()`` (ReplayOptions(api_key=target.api_key(), model=target.model_uid))."""
         return self.endpoint_url
 
+    def canary_client(self) -> CanaryClient:
+        """Chat (its Transformers engine cannot stream completions), the model uid, the bearer token."""
+        return CanaryClient("chat", self.model_uid, self.api_key())
+
+    def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return get_kind("vllm").production_values(values)
+
+    @classmethod
+    def check_settings(cls, table: Mapping[str, Any], where: str) -> None:
+        _settings(table, where)
+
+    @classmethod
+    def from_settings(cls, url: str, table: Mapping[str, Any], where: str) -> Target:
+        return target_from_config(url, table, where)
+
     def openai_base_url(self) -> str:
         """What an OpenAI client takes as base_url (its api_key: ``api_key()``)."""
         return f"{self.endpoint_url}/v1"
 
 
-def target_from_config(url: str, cfg: Mapping[str, Any]) -> XinferenceTarget:
+_KEYS = {"xinference_url", "model_uid", "model_name", "model_engine", "username", "password_file", "launch"}
+
+
+def _settings(cfg: Mapping[str, Any], where: str) -> None:
+    extra = set(cfg) - _KEYS - {"url", "kind"}
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind xinference "
+                          f"(known: {', '.join(sorted(_KEYS))})")
+    missing = [k for k in ("model_uid", "model_name") if not cfg.get(k)]
+    if missing:
+        raise ConfigError(f"{where} needs {' and '.join(missing)}: the uid Xinference serves the model under "
+                          "and the registered model name it is launched from")
+    if not isinstance(cfg.get("launch", {}), Mapping):
+        raise ConfigError(f"{where}.launch must be a table of launch fields, e.g. {{ model_format = \"pytorch\" }}")
+
+
+def target_from_config(url: str, cfg: Mapping[str, Any], where: str = "[production] (kind = \"xinference\")"
+                       ) -> XinferenceTarget:
     """The target for the daemon's ``[production]`` table with ``kind = "xinference"``.
 
     ``url`` is production's URL (the canary's endpoint); ``cfg`` holds xinference_url (the REST API,
@@ -521,14 +521,8 @@ def target_from_config(url: str, cfg: Mapping[str, Any]) -> XinferenceTarget:
     (the account that logs in through /token; both absent: a server with auth off) and launch (the
     launch fields: model_format, model_size_in_billions, quantization, n_gpu, ...).
     """
-    where = "[production] (kind = \"xinference\")"
-    missing = [k for k in ("model_uid", "model_name") if not cfg.get(k)]
-    if missing:
-        raise ConfigError(f"{where} needs {' and '.join(missing)}: the uid Xinference serves the model under "
-                          "and the registered model name it is launched from")
+    _settings(cfg, where)
     launch = cfg.get("launch", {})
-    if not isinstance(launch, Mapping):
-        raise ConfigError(f"{where}.launch must be a table of launch fields, e.g. {{ model_format = \"pytorch\" }}")
     auth = None
     if cfg.get("username") or cfg.get("password_file"):
         if not cfg.get("username") or not cfg.get("password_file"):

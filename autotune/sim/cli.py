@@ -251,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autotune.sim import server
     from autotune.sim.config import SimConfig
     from autotune.sim.profiles import gpu_profile, model_shape
+    from autotune.sim.text import TextCodec
 
     try:
         shape = model_shape(ns.model_tag)
@@ -269,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=ns.model_tag,
         served_names=list(ns.served_model_name or [ns.model_tag]),
         shape=shape, gpu=gpu, config=config, host=ns.host, port=ns.port,
-        tokenizer=server.TextCodec.find(ns.tokenizer, ns.model_tag),
+        tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag),
         time_scale=ns.time_scale, used_by_others=ns.gpu_memory_used_by_others,
         log_stats=not ns.disable_log_stats,
         non_default_args={"model_tag": ns.model_tag, **non_default},

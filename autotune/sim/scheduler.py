@@ -14,17 +14,34 @@ has a hash chained over its tokens; a freed block keeps its hash and stays reusa
 is evicted (least recently freed first), and an admitted request starts from the longest run
 of cached blocks of its prompt (never the whole prompt: the last token is always computed).
 
-Token identity is reduced to block hashes, which the caller computes (``Request.block_hashes``):
-from real token ids in the server, from the prefix group in virtual time.
+Token identity is reduced to block hashes, which the caller computes with ``block_hashes``
+(``Request.block_hashes``): from real token ids in the server, from stand-ins for the blocks
+(the prefix group, the request) in virtual time.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Request", "KVCache", "Scheduler", "StepPlan", "NoBlocks"]
+__all__ = ["Request", "KVCache", "Scheduler", "StepPlan", "NoBlocks", "block_hashes"]
+
+
+def block_hashes(tokens: Sequence[Hashable], block_size: int) -> list[int]:
+    """vLLM's prefix-cache keys: one hash per full block of ``block_size`` tokens, chained over the blocks
+    before it, so two prompts have equal hashes for block i exactly when they agree up to the end of block i.
+
+    ``tokens`` identify the prompt's tokens: its token ids where they are known (the server, with the
+    engine's block size), else one stand-in per block with ``block_size`` 1 (virtual time, where a prompt
+    is only a length, a prefix group and a request: ``virtual.prompt_blocks``).
+    """
+    out: list[int] = []
+    h = 0
+    for i in range(len(tokens) // block_size):
+        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        out.append(h)
+    return out
 
 
 @dataclass(eq=False)

@@ -7,517 +7,56 @@ One process, one asyncio loop (uvloop when installed), three parts:
   failure is printed the way vLLM prints it (exit 1). The listening socket is bound first
   (a port in use fails at once, ``[Errno 98]``) but listens only once start-up is complete:
   until then connections are refused, as with vLLM.
-- **The engine loop** (``RealtimeEngine``): the same Scheduler and StepModel as
-  ``virtual.simulate``, driven by the loop's monotonic clock. A step starts where the
-  previous one ended *in simulated time* (its target), not when Python got round to it, so
-  the time Python spends scheduling, serializing and writing is absorbed instead of adding up
-  as drift; only when the host falls more than ``MAX_CATCH_UP_S`` behind does the simulation
-  give up the lost time (and say so in the log). Tokens produced by a step are handed to the
-  request's ``Stream`` at the step's end, honouring ``--stream-interval`` the way vLLM's output
-  processor does (the first token at once, then every N tokens, and the last).
+- **The engine loop** (``realtime.RealtimeEngine``): the same Scheduler and StepModel as
+  ``virtual.simulate``, driven by the loop's clock (see realtime.py).
 - **The API** (aiohttp): ``/health``, ``/ping``, ``/version``, ``/v1/models``, ``/metrics`` and
   ``/v1/completions`` / ``/v1/chat/completions`` (SSE or not), with the JSON shapes vLLM's
   pydantic models produce (field order and nulls included, read from vLLM's serving code).
   A client that goes away has its request aborted (``handler_cancellation``), freeing its KV
   blocks, as vLLM does.
 
-Prompts are counted with the model's tokenizer when there is one (``tokenizer.json``),
-otherwise as ~4 bytes a token; the token ids feed chained per-block hashes, so requests that
-share a prefix share KV blocks through the prefix cache. Without ``ignore_eos`` a request may
-end early at a simulated EOS: each token is EOS with probability ``1/EOS_MEAN_TOKENS``, drawn
-from a generator seeded with the prompt's tokens (and the request's ``seed``), so the same
-request always gets the same length, as under greedy decoding.
-
-The Prometheus metrics are vLLM 0.33's names, help texts, label names and buckets
-(v1/metrics/loggers.py, buckets.py), fed from what the simulation did: TTFT is a token's
-step end minus the request's arrival, and so on.
+Prompts become token ids, output lengths and generated text in text.py; the token ids give
+the request's prefix-cache block hashes (``scheduler.block_hashes``). ``/metrics`` serves the
+exposition of exposition.py; log lines are vLLM's (log.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
-import math
-import os
-import random
 import signal
 import socket
 import sys
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from autotune.engine.model import ModelShape
 from autotune.sim.config import SimConfig
+from autotune.sim.exposition import SimMetrics
+from autotune.sim.log import PID, log
 from autotune.sim.profiles import GpuProfile
-from autotune.sim.scheduler import Request, StepPlan
-from autotune.sim.startup import MemoryPlan, plan_startup
+from autotune.sim.realtime import RealtimeEngine, Stream
+from autotune.sim.scheduler import Request, block_hashes
+from autotune.sim.startup import plan_startup
+from autotune.sim.text import TextCodec, chat_prompt, eos_length, token_text
 from autotune.sim.virtual import SimEngine
 
 __all__ = [
     "VLLM_VERSION",
-    "RealtimeEngine",
     "ServeOptions",
     "SimApi",
-    "SimMetrics",
-    "Stream",
-    "TextCodec",
-    "block_hashes",
-    "eos_length",
-    "log",
     "run",
     "serve",
 ]
 
 VLLM_VERSION = "0.33.0"
-PID = os.getpid()
-MAX_CATCH_UP_S = 0.25  # how far behind real time the engine may run and still make it up
-EOS_MEAN_TOKENS = 256  # mean output length when EOS is not ignored (EOS probability 1/256 a token)
-LOG_STATS_INTERVAL_S = 10.0  # vLLM's LoggingStatLogger interval
-# Generated text: one short word piece per token, always non-empty (benchmarks count chunks with text).
-WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " was", " with",
-         " be", " by", " on", " not", " he", " this", " are", " or", " his", " from", " at", " which",
-         " but", " have", " an", " had", " they", " you", " were", " their", " one", " all", " we", " can",
-         " her", " has", " there", " been", " if", " more", " when", " will", " would", " who", " so",
-         " no", " time", " out", " up", " new", " some", " could", " these", " two", " may", " first",
-         " then", " do", " any", " like", " my")
-
-
-def log(level: str, where: str, message: str, *, proc: str = "APIServer", stream: TextIO | None = None) -> None:
-    """One vLLM-style log line: ``(APIServer pid=N) INFO 11-22 10:00:00 [api_server.py] message``."""
-    print(f"({proc} pid={PID}) {level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {message}",
-          file=stream or sys.stdout, flush=True)
-
-
-# --- prompts: token ids, block hashes, output length ---------------------------------------------
-
-class TextCodec:
-    """Text -> token ids: the model's tokenizer when there is one, else ~4 bytes a token."""
-
-    def __init__(self, tokenizer_file: str | None = None) -> None:
-        self.path = tokenizer_file
-        self._tok = None
-        if tokenizer_file:
-            # imported only when a tokenizer is given: tokenizers is an optional dependency
-            from tokenizers import Tokenizer
-
-            self._tok = Tokenizer.from_file(tokenizer_file)
-
-    @staticmethod
-    def find(tokenizer: str | None, model: str) -> str | None:
-        """tokenizer.json from --tokenizer (a file or a directory), else from the model directory."""
-        for cand in (tokenizer, model):
-            if not cand:
-                continue
-            p = Path(cand)
-            if p.is_file():
-                return str(p)
-            if (p / "tokenizer.json").is_file():
-                return str(p / "tokenizer.json")
-        return None
-
-    def encode(self, text: str) -> list[int]:
-        if self._tok is not None:
-            return list(self._tok.encode(text).ids)
-        # Pseudo token ids: one per 4-byte chunk (the last chunk takes the 1-3 bytes left over), so
-        # equal text prefixes give equal ids and the count is what virtual.py assumes for text traces.
-        b = text.encode()
-        k = max(1, len(b) // 4)
-        return [int.from_bytes(b[4 * i:4 * i + 4] if i < k - 1 else b[4 * i:], "little") for i in range(k)]
-
-
-def chat_prompt(messages: Sequence[dict[str, Any]]) -> str:
-    """A simple chat template (the tiny test model's): ``<|role|>\\ncontent\\n`` per message, then the assistant's turn."""
-    parts = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        parts.append(f"<|{m.get('role', 'user')}|>\n{content or ''}\n")
-    return "".join(parts) + "<|assistant|>\n"
-
-
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """One hash per full block, chained over the ids (vLLM's prefix-cache keys): equal prefixes, equal hashes."""
-    out: list[int] = []
-    h = 0
-    for i in range(len(token_ids) // block_size):
-        h = hash((h, tuple(token_ids[i * block_size:(i + 1) * block_size])))
-        out.append(h)
-    return out
-
-
-def eos_length(token_ids: Sequence[int], seed: int | None = None, min_tokens: int = 0) -> int:
-    """Where a request would emit EOS: geometric with mean EOS_MEAN_TOKENS, fixed by the prompt (and seed)."""
-    # a digest, not hash(): the same request must end at the same length in every process
-    digest = hashlib.blake2b(array("Q", (t & 0xFFFFFFFFFFFFFFFF for t in token_ids)).tobytes(), digest_size=8,
-                             key=str(seed).encode()[:64]).digest()
-    u = random.Random(int.from_bytes(digest, "little")).random()
-    # inverse CDF of the geometric distribution with p = 1/EOS_MEAN_TOKENS, lengths from 1
-    n = 1 + int(math.log(1.0 - u) / math.log(1.0 - 1.0 / EOS_MEAN_TOKENS))
-    return max(n, min_tokens, 1)
-
-
-def token_text(seed: int, j: int) -> str:
-    return WORDS[(seed + j * 7) % len(WORDS)]
-
-
-# --- metrics --------------------------------------------------------------------------------------
-
-# vllm/v1/metrics/buckets.py (0.33)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                               10.0, 20.0, 40.0, 80.0)
-ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
-REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
-FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
-
-
-def build_1_2_5_buckets(max_value: int) -> list[float]:
-    """1, 2, 5, 10, 20, ... up to max_value (vLLM's request_tokens family)."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for m in (1, 2, 5):
-            v = m * 10**exponent
-            if v > max_value:
-                return out
-            out.append(v)
-        exponent += 1
-
-
-class SimMetrics:
-    """vLLM 0.33's Prometheus metrics (the ones the study and dashboards read), in a private registry."""
-
-    def __init__(self, model_name: str, config: SimConfig, plan: MemoryPlan) -> None:
-        self.registry = r = CollectorRegistry()
-        names = ["model_name", "engine"]
-        lv = (model_name, "0")
-
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, names, registry=r).labels(*lv)
-
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, names, registry=r).labels(*lv)
-
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
-            return Histogram(name, doc, names, buckets=list(buckets), registry=r).labels(*lv)
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = counter("vllm:prefix_cache_queries",
-                                      "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          names + ["finished_reason"], registry=r)
-        self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
-        tokens = build_1_2_5_buckets(config.max_model_len)
-        self.req_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
-        self.req_generation_tokens = histogram("vllm:request_generation_tokens",
-                                               "Number of generation tokens processed.", tokens)
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.", ITERATION_TOKENS_BUCKETS)
-        self.max_generation_tokens = histogram("vllm:request_max_num_generation_tokens",
-                                               "Histogram of maximum number of requested generation tokens.", tokens)
-        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
-                                  REQUEST_PARAMS_N_BUCKETS)
-        self.params_max_tokens = histogram("vllm:request_params_max_tokens",
-                                           "Histogram of the max_tokens request parameter.", tokens)
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             INTER_TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue = histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.inference = histogram("vllm:request_inference_time_seconds",
-                                   "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.prefill = histogram("vllm:request_prefill_time_seconds",
-                                 "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.decode = histogram("vllm:request_decode_time_seconds",
-                                "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.req_preemptions = histogram("vllm:request_num_preemptions",
-                                         "Histogram of the number of times a request was preempted.",
-                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)
-        self.prefill_kv_computed = histogram("vllm:request_prefill_kv_computed_tokens",
-                                             "Histogram of new KV tokens computed during prefill "
-                                             "(excluding cached tokens).", tokens)
-        # An info-style gauge set to 1, its labels the CacheConfig's fields as vLLM's metrics_info() gives them.
-        info = cache_config_info(config, plan)
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
-              registry=r).labels(**info).set(1)
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-def cache_config_info(config: SimConfig, plan: MemoryPlan) -> dict[str, str]:
-    """vLLM's CacheConfig.metrics_info() after start-up (str() of every field), plus ``engine``."""
-    return {
-        "block_size": str(config.block_size), "user_specified_block_size": "True", "kv_cache_layout": "None",
-        "prefix_match_unit": "None", "gpu_memory_utilization": str(config.gpu_memory_utilization),
-        "cache_dtype": config.kv_cache_dtype, "is_attention_free": "False", "num_gpu_blocks_override": "None",
-        "sliding_window": "None", "enable_prefix_caching": str(config.enable_prefix_caching),
-        "prefix_caching_hash_algo": "sha256", "prefix_cache_retention_interval": "0",
-        "kv_cache_dtype_skip_layers": "[]", "mamba_page_size_padded": "None", "skip_page_size_padded": "None",
-        "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto",
-        "mamba_cache_mode": "none", "enable_mamba_shared_prefix_checkpoint": "False", "replayssm_buffer_len": "16",
-        "use_replayssm": "False", "use_kda_recoverssm": "False", "num_gpu_blocks": str(plan.num_blocks),
-        "num_cpu_blocks": "0", "effective_attention_block_size": str(config.block_size),
-        "kv_cache_size_tokens": str(plan.kv_tokens),
-        "kv_cache_max_concurrency": str(round(plan.kv_tokens / config.max_model_len, 2)),
-        "hash_block_size": str(config.block_size), "cache_hit_alignment_tokens": str(config.block_size),
-        "kv_sharing_fast_prefill": "False", "swa_bounded_replay": "True",
-        "kv_cache_memory_bytes": str(config.kv_cache_memory_bytes), "kv_offloading_size": "None",
-        "kv_offloading_backend": "native", "_block_size_resolved": "True", "engine": "0",
-    }
-
-
-# --- the engine in real time ----------------------------------------------------------------------
-
-@dataclass(eq=False)
-class Stream:
-    """One request on its way from the engine to its HTTP response."""
-
-    req: Request
-    arrival: float  # loop time when the API server took the request
-    max_tokens: int  # the client's limit (after clamping to the context): reaching it is "length"
-    max_tokens_param: int | None  # as the client sent it (for vllm:request_params_max_tokens)
-    seed: int  # picks the generated words
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    released: int = 0  # tokens handed to the response (stream_interval applied)
-    finish_reason: str | None = None
-    error: str | None = None
-    first_token_s: float | None = None
-    last_token_s: float = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
-
-
-class RealtimeEngine:
-    """Steps the scheduler against the loop's clock and hands out tokens (see the module docstring)."""
-
-    def __init__(self, engine: SimEngine, metrics: SimMetrics, *, log_stats: bool = True) -> None:
-        self.engine = engine
-        self.sched = engine.scheduler
-        self.step_model = engine.step_model
-        self.metrics = metrics
-        self.interval = max(1, engine.config.stream_interval)
-        self.log_stats = log_stats
-        self.streams: dict[str, Stream] = {}
-        self._wake = asyncio.Event()
-        self._stepping = False  # between schedule() and finish_step(): aborts must wait
-        self._aborts: list[Request] = []
-        self._seen = (0, 0, 0)  # kv.queries, kv.hits, num_preemptions already counted
-        self.steps = 0
-        self.lag_dropped_s = 0.0  # real time the simulation could not make up (host too slow)
-        # for the periodic stats line
-        self._window = {"prompt": 0, "generation": 0, "queries": 0, "hits": 0, "preemptions": 0}
-        self._last_logged_busy = False
-
-    # -- requests in and out ---------------------------------------------------------------------
-
-    def add(self, stream: Stream) -> None:
-        self.streams[stream.req.id] = stream
-        self.sched.add(stream.req)
-        self._wake.set()
-
-    def abort(self, stream: Stream) -> None:
-        """The client went away: free what its request holds (after the step in flight, if any)."""
-        if self.streams.pop(stream.req.id, None) is None or stream.req.finished:
-            return
-        if self._stepping:
-            self._aborts.append(stream.req)
-        else:
-            self.sched.abort(stream.req)
-
-    def _apply_aborts(self) -> None:
-        for req in self._aborts:
-            if not req.finished:  # it may have finished in the very step it was aborted in
-                self.sched.abort(req)
-        self._aborts.clear()
-
-    # -- the loop --------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        sched = self.sched
-        target = loop.time()
-        last_lag_log = -1e9
-        while True:
-            self._apply_aborts()
-            if not sched.has_work:
-                self._update_gauges()
-                self._wake.clear()
-                await self._wake.wait()
-                target = loop.time()  # idle time is not a debt to make up
-                continue
-            now = loop.time()
-            start = target
-            if now - target > MAX_CATCH_UP_S:
-                # Python could not keep up with the simulated GPU: drop the debt rather than burst tokens.
-                self.lag_dropped_s += now - target
-                start = now
-                if now - last_lag_log > 60:
-                    last_lag_log = now
-                    log("WARNING", "sim", f"the simulation runs {now - target:.2f} s behind real time: this host "
-                        "is too slow for the load (latencies include the lag)")
-            plan = sched.schedule(start)
-            if not plan.scheduled:
-                self._count_scheduler()
-                if not plan.preempted:
-                    self._fail_stuck()
-                target = start
-                await asyncio.sleep(0)
-                continue
-            end = start + self.step_model.step_seconds(plan)
-            self._stepping = True
-            try:
-                delay = end - loop.time()
-                await asyncio.sleep(max(0, delay))
-            finally:
-                self._stepping = False
-            produced = sched.finish_step(plan)
-            self.steps += 1
-            self._deliver(produced, end)
-            self._count_scheduler(plan)
-            target = end
-
-    def _fail_stuck(self) -> None:
-        # Cannot happen when start-up checked that one max_model_len request fits: a safety net, so that a
-        # scheduler bug shows as one failed request (HTTP 500) instead of a server that hangs.
-        sched = self.sched
-        req = sched.waiting[0] if sched.waiting else sched.running[0]
-        sched.abort(req)
-        log("ERROR", "core.py", f"request {req.id} cannot be scheduled (prompt {req.prompt_len} tokens, "
-            f"{sched.kv.num_blocks} KV blocks): failing it", proc="EngineCore")
-        s = self.streams.pop(req.id, None)
-        if s is not None:
-            s.error = "the request cannot be scheduled: it needs more KV cache blocks than the engine has"
-            s.event.set()
-
-    def _deliver(self, produced: list[Request], t: float) -> None:
-        m = self.metrics
-        interval = self.interval
-        for req in produced:
-            s = self.streams.get(req.id)
-            if s is None:
-                continue  # aborted during the step
-            n = req.num_output
-            m.generation_tokens.inc()
-            self._window["generation"] += 1
-            if n == 1:
-                s.first_token_s = t
-                m.ttft.observe(max(t - s.arrival, 0.0))
-                m.prompt_tokens.inc(req.prompt_len)
-                self._window["prompt"] += req.prompt_len
-            else:
-                m.itl.observe(t - s.last_token_s)
-            s.last_token_s = t
-            if req.finished:
-                s.finish_reason = "length" if n >= s.max_tokens else "stop"
-                self.streams.pop(req.id, None)
-                self._finished(s, t)
-            if req.finished or s.released == 0 or n - s.released >= interval:
-                s.released = n
-                s.event.set()
-
-    def _finished(self, s: Stream, t: float) -> None:
-        m, req = self.metrics, s.req
-        first = s.first_token_s if s.first_token_s is not None else t
-        scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else s.arrival
-        n = req.num_output
-        m.success[s.finish_reason or "stop"].inc()
-        m.e2e.observe(max(t - s.arrival, 0.0))
-        m.queue.observe(max(scheduled - s.arrival, 0.0))
-        m.prefill.observe(max(first - scheduled, 0.0))
-        m.decode.observe(t - first)
-        m.inference.observe(max(t - scheduled, 0.0))
-        m.tpot.observe((t - first) / (n - 1) if n > 1 else 0.0)
-        m.req_prompt_tokens.observe(req.prompt_len)
-        m.req_generation_tokens.observe(n)
-        m.req_preemptions.observe(req.num_preemptions)
-        m.prefill_kv_computed.observe(req.prompt_len - req.num_cached_tokens)
-        m.max_generation_tokens.observe(s.max_tokens)
-        m.params_n.observe(1)
-        if s.max_tokens_param:
-            m.params_max_tokens.observe(s.max_tokens_param)
-
-    def _count_scheduler(self, plan: StepPlan | None = None) -> None:
-        m, kv = self.metrics, self.sched.kv
-        q, h, p = kv.queries, kv.hits, self.sched.num_preemptions
-        q0, h0, p0 = self._seen
-        if q > q0:
-            m.prefix_queries.inc(q - q0)
-        if h > h0:
-            m.prefix_hits.inc(h - h0)
-        if p > p0:
-            m.preemptions.inc(p - p0)
-        self._window["queries"] += q - q0
-        self._window["hits"] += h - h0
-        self._window["preemptions"] += p - p0
-        self._seen = (q, h, p)
-        if plan is not None:
-            m.iteration_tokens.observe(plan.num_tokens)
-        self._update_gauges()
-
-    def _update_gauges(self) -> None:
-        m = self.metrics
-        m.running.set(len(self.sched.running))
-        m.waiting.set(len(self.sched.waiting))
-        m.kv_usage.set(self.sched.kv.usage)
-
-    async def log_stats_forever(self) -> None:
-        """vLLM's periodic ``Engine 000: Avg prompt throughput ...`` line (not while idle)."""
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while True:
-            await asyncio.sleep(LOG_STATS_INTERVAL_S)
-            now = loop.time()
-            w, dt = self._window, max(now - last, 1e-9)
-            last = now
-            busy = bool(w["prompt"] or w["generation"] or self.sched.has_work)
-            if busy or self._last_logged_busy:
-                parts = [f"Avg prompt throughput: {w['prompt'] / dt:.1f} tokens/s",
-                         f"Avg generation throughput: {w['generation'] / dt:.1f} tokens/s",
-                         f"Running: {len(self.sched.running)} reqs", f"Waiting: {len(self.sched.waiting)} reqs"]
-                if w["preemptions"]:
-                    parts.append(f"Preemptions: {w['preemptions']}")
-                parts.append(f"GPU KV cache usage: {self.sched.kv.usage * 100:.1f}%")
-                if w["queries"]:
-                    parts.append(f"Prefix cache hit rate: {w['hits'] / w['queries'] * 100:.1f}%")
-                log("INFO", "loggers.py", "Engine 000: " + ", ".join(parts))
-            self._last_logged_busy = busy
-            self._window = dict.fromkeys(w, 0)
 
 
 # --- the HTTP API ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from autotune.engine.model import ModelShape
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import StepModel
 from autotune.sim.profiles import GpuProfile
-from autotune.sim.scheduler import Request, Scheduler
+from autotune.sim.scheduler import Request, Scheduler, block_hashes
 from autotune.sim.startup import MemoryPlan, Startup, plan_startup
 from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.slo import SLO
@@ -63,10 +63,16 @@ def _prompt_tokens(r) -> int:
     return max(1, len(((r.prefix or "") + (r.prompt or "")).encode()) // 4)  # text-only traces: ~4 bytes a token
 
 
-def block_hashes(index: int | str, prompt_len: int, prefix_group: str | None, prefix_tokens: int, block_size: int) -> list[int]:
-    """Blocks wholly inside a shared prefix hash alike across its group; the rest are the request's own."""
+def prompt_blocks(index: int | str, prompt_len: int, prefix_group: str | None, prefix_tokens: int,
+                  block_size: int) -> list[tuple[object, int]]:
+    """A stand-in for each full block of a prompt whose tokens are not known, for ``block_hashes``.
+
+    Blocks wholly inside a shared prefix are ``(prefix_group, i)``, alike across the group; the
+    rest are ``(index, i)``, the request's own. As the shared blocks come first, chaining their
+    hashes shares exactly the blocks that hashing each stand-in alone would.
+    """
     shared = min(prefix_tokens, prompt_len) // block_size if prefix_group else 0
-    return [hash((prefix_group, i)) if i < shared else hash((index, i)) for i in range(prompt_len // block_size)]
+    return [(prefix_group, i) if i < shared else (index, i) for i in range(prompt_len // block_size)]
 
 
 def simulate(engine: SimEngine, workload: Workload, *, warmup: int = 0, keep_itl: bool = False,
@@ -96,7 +102,8 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
     for i, r in enumerate(workload.requests):
         n = _prompt_tokens(r)
         reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s,
-                            block_hashes(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs)))
+                            # one stand-in per block: block size 1 for the hashes
+                            block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)))
         results.append(RequestResult(index=i, scheduled_s=r.arrival_s, sent_s=r.arrival_s, success=False,
                                      prompt_tokens=n, expected_output_tokens=r.output_tokens))
         last.append(0.0)

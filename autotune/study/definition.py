@@ -16,11 +16,12 @@ from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.model import parse_bytes
 from autotune.errors import ConfigError
+from autotune.units import parse_duration
 from autotune.study.space import Param
 from autotune.measure.slo import SLO, parse_slos
 from autotune.workload.source import WorkloadSpec
 
-__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "parse_duration", "read_toml"]
+__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "read_toml", "derive_study"]
 
 _TOP = {"name", "storage", "heartbeat", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
         "precheck", "remeasure", "seed", "runs_dir"}
@@ -98,15 +99,6 @@ class StudyDefinition:
 
 def _default_storage(d: StudyDefinition) -> str:
     return f"sqlite:///{(d.runs_dir / 'studies.db').as_posix()}"
-
-
-def parse_duration(text: str | int | float, where: str) -> float:
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
-    if not m:
-        raise ConfigError(f"{where}: {text!r} is not a duration; write e.g. 90s, 30m or 2h")
-    return float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
 
 
 class _Table:
@@ -279,3 +271,37 @@ def _gpus(spec: dict | None, where: str) -> tuple[GpuInfo, ...] | None:
     if count < 1 or memory <= 0:
         raise ConfigError(f"{where}: count and memory must be positive")
     return tuple(GpuInfo(i, name, memory, memory) for i in range(count))
+
+
+def derive_study(template: Path, out: Path, *, name: str, storage: str, runs_dir: Path, slos: list[str],
+                 trace: Path, tokenizer: Path | None, step_duration: str, baselines: dict[str, dict[str, Any]]) -> Path:
+    """Write a study file that is ``template`` with another name, workload, SLOs and baselines.
+
+    The daemon's re-tuning studies are made this way: the staging study as the operator wrote it,
+    production's traffic as the workload, production's config and earlier winners as baselines
+    (``baselines``: name -> values; "production" becomes [baselines].production, the rest extra
+    entries, replacing earlier extra entries of the same names). The result is read back with
+    ``load_study`` before it is returned, so a bad derivation fails here, not in a child process.
+    """
+    import tomli_w
+
+    from autotune.locations import atomic_write
+
+    data = read_toml(template, "study file")
+    data.update(name=name, storage=storage, runs_dir=str(Path(runs_dir).resolve()), slos=list(slos))
+    workload: dict[str, Any] = {"trace": str(Path(trace).resolve())}
+    if tokenizer is not None:
+        workload["tokenizer"] = str(Path(tokenizer).resolve())
+    data["workload"] = workload
+    data.setdefault("objective", {}).setdefault("step_duration", step_duration)
+    section = data.setdefault("baselines", {})
+    extra = [b for b in section.get("extra", []) if b.get("name") not in baselines]
+    for label, values in baselines.items():
+        if label == "production":
+            section["production"] = dict(values)
+        else:
+            extra.append({"name": label, "values": dict(values)})
+    section["extra"] = extra
+    atomic_write(out, tomli_w.dumps(data))
+    load_study(out)
+    return out

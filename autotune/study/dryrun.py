@@ -11,6 +11,7 @@ from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.precheck import ModelShape, precheck
+from autotune.study.records import Attr
 from autotune.study.runner import build_space, devices_of, make_sampler
 
 __all__ = ["dry_run"]
@@ -25,14 +26,14 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=make_sampler(d.sampler, d.seed), direction="maximize")
     for b in baseline_points(space, d.builtin_baselines, [(x.name, x.values) for x in d.baselines]):
-        study.enqueue_trial(b.params, user_attrs={"baseline": b.name, "baseline_args": b.extra_args})
+        study.enqueue_trial(b.params, user_attrs={Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args})
     for _ in range(n):
         trial = study.ask()
         values = space.sample(trial)
-        args = space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
+        args = space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.env)}
-        if trial.user_attrs.get("baseline"):
-            line["baseline"] = trial.user_attrs["baseline"]
+        if trial.user_attrs.get(Attr.BASELINE):
+            line["baseline"] = trial.user_attrs[Attr.BASELINE]
         if d.precheck and shape is not None and (reason := precheck(shape, args, d.platform, memory)) is not None:
             line["precheck"] = reason
         study.tell(trial, state=optuna.trial.TrialState.FAIL)  # sampled, not measured: teaches nothing

@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.study.definition import StudyDefinition
-from autotune.study.runner import constraints_of
+from autotune.study.records import TrialRecord, constraints_of
 
 __all__ = ["write_report"]
 
@@ -20,13 +20,13 @@ def _ttft_vs_throughput(study: optuna.Study):
     fig = go.Figure()
     for feasible in (True, False):
         xs, ys, texts = [], [], []
-        for t in study.get_trials(deepcopy=False):
-            for s in t.user_attrs.get("steps", []):
+        for t in map(TrialRecord.of, study.get_trials(deepcopy=False)):
+            for s in t.steps:
                 if s.get("ttft_p95") is None or s["passed"] is not feasible:
                     continue
                 xs.append(s["output_throughput"])
                 ys.append(s["ttft_p95"] * 1000)
-                texts.append(f"trial {t.number} ({t.user_attrs.get('baseline') or 'sampled'}), {s['rate']:.2f} req/s")
+                texts.append(f"trial {t.number} ({t.label}), {s['rate']:.2f} req/s")
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", text=texts, name="SLOs hold" if feasible else "SLOs miss",
                                  marker={"color": "seagreen" if feasible else "indianred"}))
     fig.update_layout(title="p95 TTFT against output throughput, every load step of every trial",
@@ -56,12 +56,10 @@ def write_report(d: StudyDefinition, out: Path) -> Path:
     else:
         notes.append("parameter importances: needs at least two completed trials")
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        feasible = t.state == TrialState.COMPLETE and all(c <= 0 for c in constraints_of(t))
+    for t in map(TrialRecord.of, study.get_trials(deepcopy=False)):
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-            t.number, t.user_attrs.get("baseline") or "sampled", t.state.name.lower(),
-            f"{t.user_attrs.get('capacity_rps', 0):.2f}", "yes" if feasible else "no",
-            t.user_attrs.get("failure_class", ""), " ".join(f"{k}={v}" for k, v in t.params.items()))) + "</tr>")
+            t.number, t.label, t.state.name.lower(), f"{t.capacity_rps:.2f}", "yes" if t.feasible else "no",
+            t.failure_class or "", " ".join(f"{k}={v}" for k, v in t.params.items()))) + "</tr>")
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>autotune: {html.escape(d.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:4px 8px}}</style>

@@ -1,6 +1,6 @@
 """A study, on Optuna: sampler, storage, baselines, trials, constraints, artifacts, re-measurement.
 
-What Optuna is told, per failure class (DESIGN.md):
+What Optuna is told, per failure class:
 
     measured, SLOs hold at some load   COMPLETE, value = capacity (req/s), constraints <= 0
     measured, no load met the SLOs     COMPLETE, value = 0, constraints = how far the lowest load missed
@@ -8,7 +8,7 @@ What Optuna is told, per failure class (DESIGN.md):
     crashed, startup-timeout           PRUNED, likewise (the config is the likely cause)
     stopped by the pruner              PRUNED, with the capacity reached so far as its last value
     invalid-args                       FAIL, and the study stops: a bug in the space, not a bad config
-    port-in-use                        FAIL: not the config's fault; samplers ignore FAIL trials
+    port-in-use                        FAIL (TrialFailed): not the config's fault; samplers ignore FAIL trials
 
 Constraints are stored the legacy way (the sampler's ``constraints_func`` writes them to the
 trial's system attrs), which is what optuna-dashboard 0.21 shows; the capacity of a trial that
@@ -20,13 +20,10 @@ from __future__ import annotations
 import math
 import os
 import socket
-import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -34,28 +31,23 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine import gpu
-from autotune.engine.args import EngineArgs
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, TrialFailed
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.measure.profiles import Ladder
 from autotune.measure.session import Outcome, measure_engine
 from autotune.study.precheck import ModelShape, precheck
+from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
+                                    judge)
 from autotune.study.space import Space, default_space
 from autotune.measure.replay import ReplayOptions
 from autotune.workload.source import LoadSteps
 
-__all__ = ["StudyRun", "build_space", "open_study", "constraints_of", "make_sampler", "remeasured_winner",
-           "NO_MEASUREMENT"]
+__all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
-NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
-
-
-def constraints_of(trial: FrozenTrial) -> list[float]:
-    return list(trial.user_attrs.get("constraints", [NO_MEASUREMENT]))
 
 
 def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -124,23 +116,6 @@ def open_study(d: StudyDefinition) -> optuna.Study:
     return study
 
 
-@dataclass
-class Candidate:
-    label: str
-    trial_number: int
-    args: EngineArgs
-    capacities: list[float] = field(default_factory=list)
-    runs: list[list[dict[str, Any]]] = field(default_factory=list)  # each run's load steps
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.capacities) if self.capacities else 0.0
-
-    @property
-    def spread(self) -> float:
-        return max(self.capacities) - min(self.capacities) if self.capacities else 0.0
-
-
 class StudyRun:
     """Runs one study definition to its budget, then re-measures and names the winner."""
 
@@ -174,14 +149,14 @@ class StudyRun:
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 study.tell(t.number, state=TrialState.FAIL)
         live = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING}
-        done = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state in live}
+        done = {t.user_attrs.get(Attr.BASELINE) for t in study.get_trials(deepcopy=False) if t.state in live}
         extra = [(b.name, b.values) for b in self.d.baselines]
         for b in baseline_points(self.space, self.d.builtin_baselines, extra):
             if b.name in done:
                 continue
             self.space.engine_args(b.params, b.extra_args)  # a bad baseline is an error now, not a failed trial
-            study.enqueue_trial(b.params, user_attrs={"baseline": b.name, "baseline_args": b.extra_args,
-                                                      "baseline_notes": list(b.notes)})
+            study.enqueue_trial(b.params, user_attrs={Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args,
+                                                      Attr.BASELINE_NOTES: list(b.notes)})
         if shared_storage(self.d):
             self._dedupe_baselines(study)
 
@@ -194,7 +169,7 @@ class StudyRun:
         """
         first: dict[str, int] = {}
         for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-            name = t.user_attrs.get("baseline")
+            name = t.user_attrs.get(Attr.BASELINE)
             if not name or t.state == TrialState.FAIL:
                 continue
             if name not in first:
@@ -210,15 +185,15 @@ class StudyRun:
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
         values = self.space.sample(trial)
-        args = self.space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
+        args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
-        label = trial.user_attrs.get("baseline") or "sampled"
-        trial.set_user_attr("argv", argv)
-        trial.set_user_attr("env", dict(args.env))
-        trial.set_user_attr("engine_args", args.to_json())
-        trial.set_user_attr("host", self.host)
-        trial.set_user_attr("worker", f"{self.host}:{os.getpid()}")
-        trial.set_user_attr("gpus", [f"{g.index}:{g.name}" for g in self.devices])
+        label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+        trial.set_user_attr(Attr.ARGV, argv)
+        trial.set_user_attr(Attr.ENV, dict(args.env))
+        trial.set_user_attr(Attr.ENGINE_ARGS, args.to_json())
+        trial.set_user_attr(Attr.HOST, self.host)
+        trial.set_user_attr(Attr.WORKER, f"{self.host}:{os.getpid()}")
+        trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
         pareto = self.d.objective.kind == "pareto"
 
@@ -227,13 +202,13 @@ class StudyRun:
             reason = precheck(self.shape, args, self.d.platform, mem)
             if reason is not None:
                 self._record_failure(trial, "oom", f"pre-check: {reason}", "", engine_seconds=0.0)
-                trial.set_user_attr("precheck", reason)
+                trial.set_user_attr(Attr.PRECHECK, reason)
                 self.show(f"trial {trial.number}: pruned before launch: {reason}")
                 raise optuna.TrialPruned(reason)
 
         def on_step(out: Outcome) -> bool:
             self._record_steps(trial, out)
-            if pareto or trial.user_attrs.get("baseline"):
+            if pareto or trial.user_attrs.get(Attr.BASELINE):
                 return False  # baselines are measured in full: every result is shown as a gain over them
             trial.report(out.capacity_rps, len(out.steps) - 1)
             return trial.should_prune()
@@ -260,12 +235,12 @@ class StudyRun:
                                   "config vLLM refuses: fix the space (argv in the trial's user attrs)")
             if f.failure_class in _PRUNED_CLASSES:
                 raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
-            raise RuntimeError(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
+            raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
 
         self._record_steps(trial, out)  # the final constraints and capacity
         judged = out.judged_step()
         cap = out.capacity
-        trial.set_user_attr("capacity_output_tok_s", cap.summary.output_throughput if cap else 0.0)
+        trial.set_user_attr(Attr.CAPACITY_OUTPUT_TOK_S, cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         if pareto:
             s = judged.summary
@@ -273,26 +248,26 @@ class StudyRun:
         return out.capacity_rps
 
     def _record_steps(self, trial: optuna.Trial, out: Outcome) -> None:
-        trial.set_user_attr("steps", [s.to_json() for s in out.steps])
+        trial.set_user_attr(Attr.STEPS, [s.to_json() for s in out.steps])
         judged = out.judged_step()
         if judged is not None:
-            trial.set_user_attr("constraints", [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
+            trial.set_user_attr(Attr.CONSTRAINTS, [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
                                                 for v in judged.verdicts] or [0.0])
-            trial.set_user_attr("capacity_rps", out.capacity_rps)
+            trial.set_user_attr(Attr.CAPACITY_RPS, out.capacity_rps)
 
     def _record_failure(self, trial: optuna.Trial, cls: str, summary: str, excerpt: str, engine_seconds: float) -> None:
-        trial.set_user_attr("failure_class", cls)
-        trial.set_user_attr("failure", summary[:2000])
-        trial.set_user_attr("failure_excerpt", excerpt[-6000:])
-        trial.set_user_attr("failure_engine_seconds", engine_seconds)
-        trial.set_user_attr("constraints", [NO_MEASUREMENT] * max(len(self.d.slos), 1))
-        trial.set_user_attr("capacity_rps", 0.0)
+        trial.set_user_attr(Attr.FAILURE_CLASS, cls)
+        trial.set_user_attr(Attr.FAILURE, summary[:2000])
+        trial.set_user_attr(Attr.FAILURE_EXCERPT, excerpt[-6000:])
+        trial.set_user_attr(Attr.FAILURE_ENGINE_SECONDS, engine_seconds)
+        trial.set_user_attr(Attr.CONSTRAINTS, [NO_MEASUREMENT] * max(len(self.d.slos), 1))
+        trial.set_user_attr(Attr.CAPACITY_RPS, 0.0)
 
     def _record_timing(self, trial: optuna.Trial, out: Outcome, wall: float) -> None:
-        trial.set_user_attr("engine_start_s", out.engine_start_s)
-        trial.set_user_attr("engine_stop_s", out.engine_stop_s)
-        trial.set_user_attr("replay_s", out.replay_s)
-        trial.set_user_attr("trial_wall_s", wall)
+        trial.set_user_attr(Attr.ENGINE_START_S, out.engine_start_s)
+        trial.set_user_attr(Attr.ENGINE_STOP_S, out.engine_stop_s)
+        trial.set_user_attr(Attr.REPLAY_S, out.replay_s)
+        trial.set_user_attr(Attr.TRIAL_WALL_S, wall)
 
     def _upload(self, trial: optuna.Trial, out: Outcome) -> None:
         for path in out.log_paths.values():
@@ -324,20 +299,19 @@ class StudyRun:
         callbacks = list(self.callbacks)
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-        study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(RuntimeError,),
+        study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
                        callbacks=callbacks)
 
-    def remeasure(self, study: optuna.Study) -> dict[str, Any] | None:
+    def remeasure(self, study: optuna.Study) -> Remeasurement | None:
         """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
-        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if all(c <= 0 for c in constraints_of(t))]
-        sampled = sorted((t for t in done if not t.user_attrs.get("baseline")), key=lambda t: -t.values[0])
-        baselines = sorted((t for t in done if t.user_attrs.get("baseline")), key=lambda t: -t.values[0])
+        done = [r for r in map(TrialRecord.of, study.get_trials(deepcopy=False)) if r.feasible]
+        sampled = sorted((r for r in done if not r.baseline), key=lambda r: -r.values[0])
+        baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.values[0])
         if not baselines:
             return None
-        picks = [(f"trial {t.number}", t) for t in sampled[: self.d.remeasure_top]]
-        picks.append((f"baseline {baselines[0].user_attrs['baseline']}", baselines[0]))
-        cands = [Candidate(label, t.number, _args_from(t)) for label, t in picks]
+        picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
+        picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
+        cands = [Candidate(label, r.number, r.engine_args) for label, r in picks]
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
@@ -349,36 +323,6 @@ class StudyRun:
                 )
                 c.capacities.append(out.capacity_rps)
                 c.runs.append([s.to_json() for s in out.steps])
-        result = judge(cands)
-        result["trials_seen"] = len(study.trials)  # a later trial makes this verdict stale
-        study.set_user_attr("remeasure", result)
-        return result
-
-
-def judge(cands: list[Candidate]) -> dict[str, Any]:
-    """The verdict of a re-measurement; the best baseline is the last candidate.
-
-    The winner goes by median; a gain over the baseline no larger than the spread of either
-    (max - min of their runs) is not significant: on a noisy host it could be luck.
-    """
-    base = cands[-1]
-    winner = max(cands, key=lambda c: c.median)
-    noise = max(winner.spread, base.spread)
-    gain = winner.median - base.median
-    return {
-        "candidates": [{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
-                        "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
-        "winner": winner.label, "winner_trial": winner.trial_number, "baseline": base.label,
-        "gain_rps": gain, "noise_rps": noise, "significant": winner is not base and gain > noise,
-    }
-
-
-def remeasured_winner(study: optuna.Study) -> dict[str, Any] | None:
-    """The stored re-measurement, if no trial has run since it was made."""
-    r = study.user_attrs.get("remeasure")
-    return r if r and r.get("trials_seen") == len(study.trials) else None
-
-
-def _args_from(t: FrozenTrial) -> EngineArgs:
-    a = t.user_attrs["engine_args"]
-    return EngineArgs(a["values"], a["env"])
+        verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
+        study.set_user_attr(Attr.REMEASURE, verdict.to_json())
+        return verdict

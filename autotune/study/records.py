@@ -1,0 +1,268 @@
+"""What a study stores, read and written through one set of types.
+
+A trial's facts live in Optuna as user attrs (so the dashboard shows them without our code);
+``Attr`` names every key once (Optuna's own habit: one constant per stored key), the runner
+writes through it, and everyone else reads a ``TrialRecord``. The study's verdict lives in the
+study's user attrs as a ``Remeasurement``. ``StudyResult`` is what a finished study means:
+its records, its winner (the re-measured one if the verdict is fresh, else Optuna's best with
+the constraints respected), its Pareto front. The CLI, the report and the daemon read only this.
+
+Feasible means: the trial completed and every constraint (SLO violation) is <= 0. A trial
+with no constraints recorded never measured anything and is not feasible.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.engine.args import EngineArgs
+
+__all__ = ["Attr", "NO_MEASUREMENT", "TrialRecord", "Candidate", "Remeasurement", "StudyResult", "constraints_of",
+           "judge", "earlier_winners"]
+
+NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
+
+
+class Attr:
+    """The user-attr keys of a trial (and the study's verdict key)."""
+
+    ARGV = "argv"  # the exact command line that ran
+    ENV = "env"  # the engine's environment (names and values)
+    ENGINE_ARGS = "engine_args"  # EngineArgs.to_json(): what ran, the space's rules applied
+    HOST = "host"
+    WORKER = "worker"  # host:pid of the worker that ran it (several hosts share a study)
+    GPUS = "gpus"
+    BASELINE = "baseline"  # the baseline's name; absent for a sampled trial
+    BASELINE_ARGS = "baseline_args"  # a baseline's values for knobs the space does not search
+    BASELINE_NOTES = "baseline_notes"
+    PRECHECK = "precheck"  # why the pre-check pruned it, before launch
+    FAILURE_CLASS = "failure_class"  # oom, crashed, startup-timeout, ...
+    FAILURE = "failure"  # the line that proves it
+    FAILURE_EXCERPT = "failure_excerpt"
+    FAILURE_ENGINE_SECONDS = "failure_engine_seconds"
+    CONSTRAINTS = "constraints"  # one value per SLO, <= 0 where it holds (what the sampler sees)
+    CAPACITY_RPS = "capacity_rps"
+    CAPACITY_OUTPUT_TOK_S = "capacity_output_tok_s"
+    STEPS = "steps"  # every load step's metrics and verdicts
+    ENGINE_START_S = "engine_start_s"
+    ENGINE_STOP_S = "engine_stop_s"
+    REPLAY_S = "replay_s"
+    TRIAL_WALL_S = "trial_wall_s"
+    REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
+
+
+def constraints_of(trial: FrozenTrial) -> list[float]:
+    """The sampler's constraints_func: a trial that never measured is as infeasible as it gets."""
+    return list(trial.user_attrs.get(Attr.CONSTRAINTS, [NO_MEASUREMENT]))
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    number: int
+    state: TrialState
+    params: dict[str, Any]
+    values: tuple[float, ...]
+    attrs: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def of(cls, t: FrozenTrial) -> TrialRecord:
+        return cls(t.number, t.state, dict(t.params), tuple(t.values or ()), dict(t.user_attrs))
+
+    @property
+    def baseline(self) -> str | None:
+        return self.attrs.get(Attr.BASELINE) or None
+
+    @property
+    def label(self) -> str:
+        return self.baseline or "sampled"
+
+    @property
+    def constraints(self) -> list[float]:
+        return list(self.attrs.get(Attr.CONSTRAINTS, [NO_MEASUREMENT]))
+
+    @property
+    def feasible(self) -> bool:
+        return self.state == TrialState.COMPLETE and all(c <= 0 for c in self.constraints)
+
+    @property
+    def capacity_rps(self) -> float:
+        return float(self.attrs.get(Attr.CAPACITY_RPS, 0.0))
+
+    @property
+    def capacity_output_tok_s(self) -> float:
+        return float(self.attrs.get(Attr.CAPACITY_OUTPUT_TOK_S, 0.0))
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return list(self.attrs.get(Attr.STEPS, []))
+
+    @property
+    def capacity_step(self) -> dict[str, Any] | None:
+        """The highest-load step that passed."""
+        passed = [s for s in self.steps if s["passed"]]
+        return max(passed, key=lambda s: s["load"]) if passed else None
+
+    @property
+    def failure_class(self) -> str | None:
+        return self.attrs.get(Attr.FAILURE_CLASS) or None
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.attrs.get(Attr.ARGV, []))
+
+    @property
+    def engine_args(self) -> EngineArgs:
+        a = self.attrs[Attr.ENGINE_ARGS]
+        return EngineArgs(dict(a["values"]), dict(a["env"]))
+
+
+@dataclass
+class Candidate:
+    """A config being re-measured: its capacity in each interleaved run."""
+
+    label: str
+    trial_number: int
+    args: EngineArgs
+    capacities: list[float] = field(default_factory=list)
+    runs: list[list[dict[str, Any]]] = field(default_factory=list)  # each run's load steps
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.capacities) if self.capacities else 0.0
+
+    @property
+    def spread(self) -> float:
+        return max(self.capacities) - min(self.capacities) if self.capacities else 0.0
+
+
+@dataclass(frozen=True)
+class Remeasurement:
+    """The verdict of re-measuring the top candidates and the best baseline, interleaved."""
+
+    candidates: list[dict[str, Any]]  # label, trial, capacities, median, spread, runs
+    winner: str
+    winner_trial: int
+    baseline: str
+    gain_rps: float
+    noise_rps: float
+    significant: bool
+    trials_seen: int = 0  # trials in the study when it was made: a later trial makes it stale
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Remeasurement:
+        return cls(**d)
+
+    def candidate(self, trial: int) -> dict[str, Any] | None:
+        return next((c for c in self.candidates if c["trial"] == trial), None)
+
+
+def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
+    """The verdict; the best baseline is the last candidate.
+
+    The winner goes by median; a gain over the baseline no larger than the spread of either
+    (max - min of their runs) is not significant: on a noisy host it could be luck.
+    """
+    base = cands[-1]
+    winner = max(cands, key=lambda c: c.median)
+    noise = max(winner.spread, base.spread)
+    gain = winner.median - base.median
+    return Remeasurement(
+        candidates=[{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
+                     "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
+        winner=winner.label, winner_trial=winner.trial_number, baseline=base.label,
+        gain_rps=gain, noise_rps=noise, significant=winner is not base and gain > noise, trials_seen=trials_seen,
+    )
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    records: list[TrialRecord]
+    pareto: bool
+    remeasurement: Remeasurement | None  # only when fresh (no trial ran after it)
+    best_number: int | None  # Optuna's best trial, constraints respected (single objective)
+    front_numbers: tuple[int, ...] = ()  # Pareto mode: Optuna's non-dominated trials
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyResult:
+        trials = study.get_trials(deepcopy=False)
+        raw = study.user_attrs.get(Attr.REMEASURE)
+        verdict = Remeasurement.from_json(raw) if raw and raw.get("trials_seen") == len(trials) else None
+        pareto = len(study.directions) > 1
+        best, front = None, ()
+        if pareto:
+            front = tuple(t.number for t in study.best_trials)
+        else:
+            try:
+                best = study.best_trial.number
+            except ValueError:
+                best = None
+        return cls([TrialRecord.of(t) for t in trials], pareto, verdict, best, front)
+
+    @classmethod
+    def load(cls, storage: str | optuna.storages.BaseStorage, name: str) -> StudyResult:
+        return cls.of(optuna.load_study(study_name=name, storage=storage))
+
+    def trial(self, number: int) -> TrialRecord:
+        return self.records[number]
+
+    @property
+    def best(self) -> TrialRecord | None:
+        """Optuna's best if it met the SLOs at some load; None in Pareto mode or when none did."""
+        if self.best_number is None:
+            return None
+        t = self.trial(self.best_number)
+        return t if t.feasible and t.values and t.values[0] > 0 else None
+
+    @property
+    def winner(self) -> TrialRecord | None:
+        """The re-measured winner when the verdict is fresh, else the best."""
+        if self.remeasurement is not None:
+            return self.trial(self.remeasurement.winner_trial)
+        return self.best
+
+    @property
+    def front(self) -> list[TrialRecord]:
+        """Pareto mode: the non-dominated trials that meet every SLO."""
+        return [r for r in map(self.trial, self.front_numbers) if r.feasible]
+
+    def baselines(self) -> list[TrialRecord]:
+        return [r for r in self.records if r.baseline and r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            out[r.state.name.lower()] = out.get(r.state.name.lower(), 0) + 1
+        return out
+
+
+def earlier_winners(storage: str | optuna.storages.BaseStorage, prefix: str, names: set[str],
+                    top: int = 3) -> list[dict[str, Any]]:
+    """Warm start: the distinct params (limited to ``names``) of the best feasible trials of the studies
+    in ``storage`` whose names start with ``prefix``, best first."""
+    found: list[tuple[float, dict[str, Any]]] = []
+    try:
+        summaries = optuna.get_all_study_summaries(storage)
+    except Exception:  # no storage yet: nothing learned
+        return []
+    for s in summaries:
+        if not s.study_name.startswith(prefix):
+            continue
+        for r in StudyResult.load(storage, s.study_name).records:
+            if r.feasible and r.values and r.values[0] > 0:
+                found.append((r.values[0], {k: v for k, v in r.params.items() if k in names}))
+    found.sort(key=lambda x: -x[0])
+    seen: list[dict[str, Any]] = []
+    for _, values in found:
+        if values not in seen:
+            seen.append(values)
+        if len(seen) == top:
+            break
+    return seen
