@@ -300,7 +300,7 @@ def cmd_study(a: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 130
         # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
-        if StudyResult.of(study).remeasurement is None and not a.no_remeasure and d.objective.kind != "pareto":
+        if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
             run.remeasure(study)
     result = StudyResult.of(study)
     if result.pareto:

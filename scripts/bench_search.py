@@ -39,7 +39,7 @@ import optuna
 from autotune.engine.args import EngineArgs
 from autotune.engine.vllm.defaults import default_batching
 from autotune.study.baselines import baseline_points
-from autotune.study.precheck import precheck
+from autotune.engine.vllm.precheck import precheck
 from autotune.study.runner import NO_MEASUREMENT, make_sampler
 from autotune.study.space import Param, Space
 from autotune.sim.config import SimConfig

@@ -8,7 +8,8 @@ from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
 from autotune.measure.profiles import FixedLoad, Ladder, next_load
 from autotune.measure.session import Step
-from autotune.study.precheck import ModelShape, parse_bytes, precheck
+from autotune.engine.model import ModelShape, parse_bytes
+from autotune.engine.vllm.precheck import precheck
 from autotune.engine.kind import get_kind
 from autotune.engine.vllm.defaults import default_batching as vllm_default_batching
 from autotune.study.space import Param, Space, default_space

@@ -9,6 +9,9 @@ An engine kind answers, for the rest of autotune:
     what to search      default_space(...)             as a study's [space] table would write it
                         block_sizes(platform)          values the platform's kernels accept
                         apply_rules(flags, mml)        move a point into what the engine accepts
+                        unsupported(key, value, ...)   a value the platform cannot run (a baseline's)
+                        precheck(shape, args, ...)     provably does not fit: prune at 0 engine seconds
+    what to beat        baselines                      named configs every study measures first
     how to publish      render_config / parse_config   the engine's own config file format
                         staging_only                   values a staging engine may run, production never
     what it reports     metrics                        its Prometheus names, under our short keys
@@ -24,11 +27,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.engine.failures import COMMON_PATTERNS, Patterns
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.engine.args import EngineArgs
+    from autotune.engine.model import ModelShape
 
 __all__ = ["EngineKind", "MetricSpec", "register", "get_kind", "kind_for_command", "kind_names"]
 
@@ -59,6 +66,8 @@ class EngineKind:
     failure_patterns: Patterns = COMMON_PATTERNS
     staging_only: Mapping[str, Any] = {}
     metrics: Mapping[str, MetricSpec] = {}
+    # name -> values; "<kind>-defaults" ({}: every searched knob at its default) is the usual first
+    baselines: Mapping[str, Mapping[str, Any]] = {}
 
     def matches(self, command: Sequence[str]) -> bool:
         """Is ``command`` (an argv prefix) this kind's engine? Used to pick a kind from a command line."""
@@ -79,6 +88,18 @@ class EngineKind:
 
     def apply_rules(self, flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
         return flags
+
+    def unsupported(self, key: str, value: Any, platform: str) -> str | None:
+        """Why ``key = value`` cannot run on ``platform`` (None: it can)."""
+        sizes = self.block_sizes(platform)
+        if key == "block_size" and sizes is not None and value not in sizes:
+            return f"block_size {value} is not supported on {platform}"
+        return None
+
+    def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
+                 device_memory_bytes: int | None = None) -> str | None:
+        """The reason a candidate provably cannot start (None: it may). Only what is certain."""
+        return None
 
     def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
         raise ConfigError(f"engine kind {self.name!r} has no config file format to publish")

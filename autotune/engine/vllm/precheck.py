@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from autotune.engine.args import EngineArgs
 from autotune.engine.model import ModelShape, parse_bytes
 
-__all__ = ["ModelShape", "precheck", "parse_bytes"]
+__all__ = ["precheck"]
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -1,0 +1,61 @@
+"""How a trial's measurement becomes what Optuna optimizes: one class per objective kind.
+
+    capacity   maximize the highest load at which every SLO holds (req/s); the load ladder climbs
+               until it knows, each step an intermediate value for the pruner
+    pareto     maximize output throughput, minimize p95 TTFT, at one load: a front, not a winner
+               (Optuna's pruners do not work for several objectives, and there is nothing to re-measure)
+
+A study file names one with ``[objective].kind``; adding a kind is one subclass and one line in KINDS.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.measure.profiles import Ladder, LoadProfile
+from autotune.measure.session import Outcome
+
+__all__ = ["Scoring", "Capacity", "Pareto", "KINDS", "scoring_for"]
+
+
+class Scoring:
+    """Base class: what Optuna is asked to do with a trial's Outcome."""
+
+    directions: tuple[str, ...] = ("maximize",)
+    prunable = True  # may Optuna's pruner stop a trial between load steps?
+    remeasured = True  # is there one winner to re-measure?
+
+    def __init__(self, start_load: float = 1.0, max_steps: int = 4, resolution: float = 1.25) -> None:
+        self.start_load, self.max_steps, self.resolution = start_load, max_steps, resolution
+
+    def profile(self) -> LoadProfile:
+        """The loads a trial of this kind steps through."""
+        return Ladder(self.start_load, self.max_steps, self.resolution)
+
+    def value(self, out: Outcome) -> float | tuple[float, ...]:
+        raise NotImplementedError
+
+
+class Capacity(Scoring):
+    def value(self, out: Outcome) -> float:
+        return out.capacity_rps
+
+
+class Pareto(Scoring):
+    directions = ("maximize", "minimize")
+    prunable = False
+    remeasured = False
+
+    def profile(self) -> LoadProfile:
+        return Ladder(self.start_load, 1, self.resolution)
+
+    def value(self, out: Outcome) -> tuple[float, float]:
+        s = out.judged_step().summary
+        return s.output_throughput, (s.ttft.p95 if s.ttft.p95 is not None else math.inf)
+
+
+KINDS: dict[str, type[Scoring]] = {"capacity": Capacity, "pareto": Pareto}
+
+
+def scoring_for(kind: str, start_load: float = 1.0, max_steps: int = 4, resolution: float = 1.25) -> Scoring:
+    return KINDS[kind](start_load, max_steps, resolution)
