@@ -311,8 +311,12 @@ def cmd_study(a: argparse.Namespace) -> int:
     if winner is None:
         print("autotune: no trial met every SLO; see the dashboard: autotune dashboard " + str(a.file), file=sys.stderr)
         return EXIT_SLO_MISS
-    paths = write_best(winner, d.command.model, d.command.engine_kind, d.run_dir)
-    print(f"best config: {paths['yaml']} (vllm serve --config), command line: {paths['command']}")
+    kind = d.command.engine_kind
+    paths = write_best(winner, d.command.model, kind, d.run_dir)
+    if "config" in paths:
+        print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}")
+    else:
+        print(f"best config: command line {paths['command']}, values {paths['json']}")
     return EXIT_OK
 
 

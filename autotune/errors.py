@@ -68,10 +68,10 @@ class TraceFormatError(ConfigError):
 
 
 class UnknownFlagError(ConfigError):
-    def __init__(self, flag: str, hint: str) -> None:
+    def __init__(self, flag: str, hint: str, engine: str = "vLLM") -> None:
         self.flag = flag
         self.hint = hint
-        super().__init__(f"engine flag {flag} is not accepted by the target vLLM: {hint}")
+        super().__init__(f"engine flag {flag} is not accepted by the target {engine}: {hint}")
 
 
 class EngineFailure(AutotuneError):

@@ -3,9 +3,8 @@
 tests/toy_engine/ is a complete engine kind (its own flags, command line, failure text and
 default space) around a fixed-timing server; here it is registered once and a real study runs
 against it with autotune's own CLI code: load, flag checks, baselines, Optuna trials, launches,
-replays, failure classification, re-measurement. Where the study code still assumes vLLM, the
-test that shows it is marked xfail(strict=True) with the file and line in its reason: fixing
-the leak turns it into an XPASS failure, which is the cue to drop the marker.
+replays, failure classification, re-measurement, the best config's files; and no message it
+sees names vLLM.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ slos = ["tpot<{slo}ms"]
 seed = 0
 storage = "sqlite:///{runs}/studies.db"
 runs_dir = "{runs}"
-{extra_top}
+
 [engine]
 kind = "toy"
 command = "{python} -m tests.toy_engine.server"
@@ -55,12 +54,7 @@ PYTHONPATH = "{root}"
 {args}
 
 [workload]
-scenario = "chat"
-rate = 6
-requests = 12
-prompt_tokens = [16, 32]
-output_tokens = [8, 16]
-tokenizer = "{tokenizer}"
+trace = "{trace}"
 
 [objective]
 max_steps = 2
@@ -76,22 +70,34 @@ top = 1
 repeats = 1
 """
 
-# vllm-defaults is the only builtin that a non-vLLM kind can run: it sets nothing (see the leak test below)
+# the kind's own builtin baselines (toy-defaults) run too: the study only adds two of its own
 BASELINES = f"""
 [baselines]
-builtin = ["vllm-defaults"]
 extra = [{{ name = "slow", values = {{ itl_ms = {SLOW_ITL} }} }},
          {{ name = "too-big", values = {{ memory_gb = {TOO_BIG_GB} }} }}]
 """
 
 
-def write_study(tmp: Path, tokenizer: Path, *, name: str = "toy", trials: int = 5, args: str = "ttft_ms = 5.0",
+def write_trace(path: Path, n: int = 8, rate: float = 8.0) -> Path:
+    """A small synthetic trace: evenly spaced arrivals, prompts as text (no tokenizer needed), short outputs.
+
+    Text of our own, because fixed_timing answers HTTP 500 to any prompt holding "FAIL", and the
+    scenario generator's prompts (tokens of a tokenizer trained on licence texts) do now and then.
+    """
+    rows = [{"arrival_s": i / rate, "prompt": f"toy request {i}: say something", "output_tokens": 8 + 4 * (i % 3),
+             "api": "chat" if i % 2 else "completion"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_study(tmp: Path, *, name: str = "toy", trials: int = 7, args: str = "ttft_ms = 5.0",
                 baselines: str = BASELINES, model: str = "toy-model", platform: str = "cpu",
-                engine_extra: str = "", extra_top: str = "") -> Path:
+                engine_extra: str = "") -> Path:
     path = tmp / f"{name}.toml"
+    trace = write_trace(tmp / f"{name}-trace.jsonl")
     path.write_text(STUDY.format(name=name, slo=SLO_TPOT_MS, runs=tmp, python=sys.executable, model=model,
-                                 platform=platform, port=free_port(), root=ROOT, args=args, tokenizer=tokenizer,
-                                 trials=trials, baselines=baselines, engine_extra=engine_extra, extra_top=extra_top))
+                                 platform=platform, port=free_port(), root=ROOT, args=args, trace=trace,
+                                 trials=trials, baselines=baselines, engine_extra=engine_extra))
     return path
 
 
@@ -121,10 +127,10 @@ def toy():
 
 
 @pytest.fixture(scope="module")
-def toy_study(toy, tiny_model, tmp_path_factory):
+def toy_study(toy, tmp_path_factory):
     """One real toy study, run once for the module: (exit code, stdout, stderr, the Optuna study, its dir)."""
     tmp = tmp_path_factory.mktemp("toy-study")
-    path = write_study(tmp, tiny_model)
+    path = write_study(tmp)
     rc, out, err = run_cli(["study", str(path)], tmp / "state")
     study = optuna.load_study(study_name="toy", storage=f"sqlite:///{tmp}/studies.db")
     return rc, out, err, study, tmp
@@ -172,26 +178,26 @@ def test_the_toy_has_its_own_flags_argv_and_failure_text(toy):
     assert toy.block_sizes("cuda") is None and toy.block_sizes("cpu") is None
 
 
-def test_an_unknown_toy_flag_is_refused_at_study_load(toy, tiny_model, tmp_path):
-    path = write_study(tmp_path, tiny_model, args="ttft_ms = 5.0\nmax_num_seqs = 64")
-    # load_study itself accepts [engine.args] as values; the CLI checks them against the kind's table
-    # before anything is launched (the --dry-run path builds every argv without starting an engine)
+def test_an_unknown_toy_flag_is_refused_before_any_launch(toy, tmp_path):
+    path = write_study(tmp_path, args="ttft_ms = 5.0\nmax_num_seqs = 64")
+    # load_study itself keeps [engine.args] as plain values; the CLI checks them against the toy's table
+    # when it builds a trial's argv, before anything is launched (--dry-run builds them and launches nothing)
     rc, out, err = run_cli(["study", str(path), "--dry-run", "2"], tmp_path / "state")
     assert rc == 2, _why(rc, out, err)
     assert "--max-num-seqs" in err and "engine flag" in err
     assert not (tmp_path / "toy" / "trials").exists()
 
 
-def test_an_unknown_toy_flag_fails_the_study_before_any_launch(toy, tiny_model, tmp_path):
-    path = write_study(tmp_path, tiny_model, args="ttft_ms = 5.0\nmax_num_seqs = 64")
+def test_an_unknown_toy_flag_stops_the_study_before_any_launch(toy, tmp_path):
+    path = write_study(tmp_path, args="ttft_ms = 5.0\nmax_num_seqs = 64")
     rc, out, err = run_cli(["study", str(path)], tmp_path / "state")
     assert rc == 2, _why(rc, out, err)
     assert "--max-num-seqs" in err
     assert not list((tmp_path / "toy" / "trials").glob("*/engine.*.log"))  # nothing was started
 
 
-def test_an_unknown_kind_is_a_config_error(tiny_model, tmp_path):
-    path = write_study(tmp_path, tiny_model)
+def test_an_unknown_kind_is_a_config_error(tmp_path):
+    path = write_study(tmp_path)
     path.write_text(path.read_text().replace('kind = "toy"', 'kind = "no-such-engine"'))
     with pytest.raises(ConfigError, match="no-such-engine"):
         load_study(path)
@@ -199,10 +205,10 @@ def test_an_unknown_kind_is_a_config_error(tiny_model, tmp_path):
 
 # -- a real study against the toy ------------------------------------------------------------
 
-def test_the_study_loads_with_the_toy_kind_and_its_default_space(toy, tiny_model, tmp_path):
+def test_the_study_loads_with_the_toy_kind_and_its_default_space(toy, tmp_path):
     from autotune.study.runner import build_space
 
-    d = load_study(write_study(tmp_path, tiny_model))
+    d = load_study(write_study(tmp_path))
     assert d.command.engine_kind is toy and d.params is None
     space = build_space(d)
     assert space.names() == ["itl_ms", "memory_gb"]
@@ -212,9 +218,9 @@ def test_the_study_loads_with_the_toy_kind_and_its_default_space(toy, tiny_model
 def test_a_study_runs_against_the_toy_engine(toy_study):
     rc, out, err, study, tmp = toy_study
     trials = study.trials
-    assert len([t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]) == 5, _why(rc, out, err)
+    assert len([t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]) == 7, _why(rc, out, err)
     by_name = {t.user_attrs.get("baseline"): t for t in trials if t.user_attrs.get("baseline")}
-    assert {"vllm-defaults", "slow", "too-big"} <= set(by_name)
+    assert set(by_name) == {"toy-defaults", "slow", "too-big"}  # no vLLM or Xinference baseline
 
     # the toy's own out-of-memory line, classified by the toy's own patterns, prunes the trial
     big = by_name["too-big"]
@@ -224,7 +230,7 @@ def test_a_study_runs_against_the_toy_engine(toy_study):
     assert "out of toy memory" in big.user_attrs["failure_excerpt"]
     assert big.user_attrs["capacity_rps"] == 0.0
 
-    fast, slow = by_name["vllm-defaults"], by_name["slow"]
+    fast, slow = by_name["toy-defaults"], by_name["slow"]
     assert fast.state == TrialState.COMPLETE and fast.user_attrs["capacity_rps"] > 0, _why(rc, out, err)
     assert slow.state == TrialState.COMPLETE and slow.user_attrs["capacity_rps"] == 0.0
     assert fast.value > slow.value == 0.0
@@ -237,7 +243,7 @@ def test_every_trial_is_judged_by_what_the_toy_did(toy_study):
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
             continue
         seen += 1
-        v = json.loads(json.dumps(t.user_attrs["engine_args"]["values"]))
+        v = t.user_attrs["engine_args"]["values"]
         mem, itl = v.get("memory_gb", 4), v.get("itl_ms", FAST_ITL)
         if mem > 8:
             assert t.state == TrialState.PRUNED and t.user_attrs["failure_class"] == "oom", t.number
@@ -252,7 +258,7 @@ def test_every_trial_is_judged_by_what_the_toy_did(toy_study):
             assert t.user_attrs["capacity_rps"] > 0, (t.number, itl, steps)
         elif itl > SLO_TPOT_MS + 2:
             assert t.user_attrs["capacity_rps"] == 0.0, (t.number, itl, steps)
-    assert seen == 5
+    assert seen == 7
 
 
 def test_the_argv_is_the_toys_command_line(toy_study):
@@ -267,56 +273,84 @@ def test_the_argv_is_the_toys_command_line(toy_study):
         assert "--ttft-ms" in argv and "--itl-ms" in argv and "--memory-gb" in argv
         assert not any(a.startswith("--") and a not in ("--host", "--port", "--ttft-ms", "--itl-ms", "--memory-gb")
                        for a in argv), argv
+        if t.user_attrs.get("baseline") == "too-big":
+            assert argv[argv.index("--memory-gb") + 1] == str(TOO_BIG_GB)
 
 
 def test_the_toy_study_is_remeasured(toy_study):
     rc, out, err, study, _ = toy_study
     verdict = study.user_attrs.get("remeasure")
     assert verdict is not None, _why(rc, out, err)
-    assert verdict["baseline"] == "baseline vllm-defaults"
+    assert verdict["baseline"] == "baseline toy-defaults"
     assert all(c["median"] > 0 for c in verdict["candidates"]), verdict
 
 
-# -- where the study code still assumes vLLM (xfail strict: each is a leak; see its reason) ----
+# -- what used to be vLLM's in the study code, now the kind's -----------------------------------
 
-@pytest.mark.xfail(strict=True, raises=ConfigError, reason=(
-    "LEAK autotune/cli.py:314 cmd_study always calls study/outputs.py:write_best, which calls "
-    "engine.render_config (kind.py: the base raises ConfigError 'has no config file format to publish'); "
-    "a kind without a config file format cannot finish `autotune study` (exit 2 after the study is done), "
-    "and outputs.py:50 / cli.py:315 print 'vllm serve --config' for every kind"))
+def test_a_toy_study_without_a_baselines_section_runs_the_toys_baselines(toy, tmp_path):
+    path = write_study(tmp_path, baselines="")
+    rc, out, err = run_cli(["study", str(path), "--dry-run", "3"], tmp_path / "state")
+    assert rc == 0, _why(rc, out, err)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [x.get("baseline") for x in lines] == ["toy-defaults", None, None]
+    assert lines[0]["argv"][3:] == ["--host", "127.0.0.1", "--port", lines[0]["argv"][6],
+                                    "--ttft-ms", "5.0", "--itl-ms", "2.0", "--memory-gb", "4"]
+
+
+def test_vllms_memory_precheck_does_not_judge_the_toy(toy, tiny_model, tmp_path):
+    """A model directory and a GPU far too small for its weights: vllm-sim's trials are pruned before
+    launch by vLLM's pre-check, the toy's (which loads no weights) are not."""
+    gpu = '\n[engine.gpu]\nname = "Toy GPU"\nmemory = "8MiB"\n'
+    path = write_study(tmp_path, model=str(tiny_model), platform="cuda", engine_extra=gpu)
+    rc, out, err = run_cli(["study", str(path), "--dry-run", "3"], tmp_path / "state")
+    assert rc == 0, _why(rc, out, err)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 3 and not [x["precheck"] for x in lines if "precheck" in x]
+
+    sim = tmp_path / "sim.toml"
+    sim.write_text(path.read_text().replace('kind = "toy"', 'kind = "vllm-sim"')
+                   .replace("-m tests.toy_engine.server", "-m autotune.sim.cli serve").replace("ttft_ms = 5.0", "")
+                   .replace('name = "toy"', 'name = "sim"'))
+    rc, out, err = run_cli(["study", str(sim), "--dry-run", "1"], tmp_path / "state")
+    assert rc == 0, _why(rc, out, err)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert "exceed gpu_memory_utilization" in lines[0]["precheck"]
+
+
+def test_the_toys_usage_error_is_invalid_args_and_stops_the_study(toy, tmp_path):
+    # the toy's table takes any float; the toy itself refuses a negative latency (argparse, exit 2)
+    rc, out, err, study = _invalid_args_study(tmp_path)
+    assert rc == 2, _why(rc, out, err)
+    t, *rest = study.trials
+    assert all(r.state == TrialState.WAITING for r in rest)  # the study stopped at its first trial
+    assert t.state == TrialState.FAIL and t.user_attrs["failure_class"] == "invalid-args"
+    assert "latencies cannot be negative" in t.user_attrs["failure"]
+    assert "latencies cannot be negative" in err
+
+
+def _invalid_args_study(tmp_path):
+    path = write_study(tmp_path, args="ttft_ms = -1.0")
+    rc, out, err = run_cli(["study", str(path)], tmp_path / "state")
+    return rc, out, err, optuna.load_study(study_name="toy", storage=f"sqlite:///{tmp_path}/studies.db")
+
+
+# -- nothing in the study code says vLLM to another kind ----
+
 def test_a_toy_study_writes_its_best_command_line(toy_study):
     rc, out, err, study, tmp = toy_study
-    if rc == 2 and "no config file format" in err:
-        raise ConfigError(err.strip().splitlines()[-1])
     assert rc == 0, _why(rc, out, err)
     assert (tmp / "toy" / "best-command.sh").is_file()
     assert "vllm serve" not in out
 
 
-@pytest.mark.xfail(strict=True, raises=UnknownFlagError, reason=(
-    "LEAK autotune/study/definition.py:66,222 default [baselines] builtin = vllm-defaults, xinference-4.1, "
-    "xinference-legacy for every kind; study/baselines.py:24-29 BUILTIN holds vLLM flag names "
-    "(gpu_memory_utilization, max_num_seqs, block_size, enable_chunked_prefill, enable_prefix_caching), "
-    "so a toy study without its own [baselines] section stops with UnknownFlagError --max-num-seqs"))
-def test_a_toy_study_needs_no_baselines_section(toy, tiny_model, tmp_path):
-    path = write_study(tmp_path, tiny_model, baselines="")
-    rc, out, err = run_cli(["study", str(path), "--dry-run", "4"], tmp_path / "state")
-    if rc == 2 and "engine flag" in err:
-        raise UnknownFlagError(err.split("engine flag ")[1].split()[0], err.strip())
-    assert rc == 0, _why(rc, out, err)
+def test_an_unknown_flag_message_names_the_toy_not_vllm(toy):
+    table = toy.flag_table(())
+    with pytest.raises(UnknownFlagError) as e:
+        EngineCommand("m", (sys.executable, "-m", MODULE), kind="toy").argv(EngineArgs({"max_num_seqs": 8}), table)
+    assert "vLLM" not in str(e.value), str(e.value)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "LEAK autotune/study/runner.py:176-183 (and study/dryrun.py:37) run study/precheck.py for every kind "
-    "whose model is a local directory; precheck reads vLLM's flags and defaults (gpu_memory_utilization "
-    "0.92, kv_cache_memory_bytes, tensor/pipeline_parallel_size, max_model_len, kv_cache_dtype, "
-    "VLLM_CPU_KVCACHE_SPACE) and prunes toy trials as 'oom' before launch; precheck is no EngineKind hook"))
-def test_vllms_memory_precheck_does_not_judge_the_toy(toy, tiny_model, tmp_path):
-    # the toy serves no weights: a model directory and a small declared GPU must not matter to it
-    path = write_study(tmp_path, tiny_model, model=str(tiny_model), platform="cuda",
-                       engine_extra='\n[engine.gpu]\nname = "Toy GPU"\nmemory = "8MiB"\n')
-    rc, out, err = run_cli(["study", str(path), "--dry-run", "3"], tmp_path / "state")
-    assert rc == 0, _why(rc, out, err)
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(lines) == 3
-    assert not [x["precheck"] for x in lines if "precheck" in x]
+def test_an_invalid_args_message_names_the_toy_not_vllm(toy, tmp_path):
+    rc, out, err, _ = _invalid_args_study(tmp_path)
+    assert rc == 2 and "rejected" in err, _why(rc, out, err)
+    assert "vLLM" not in err, err

@@ -104,7 +104,7 @@ def test_best_config_files(tmp_path):
         "argv": ["vllm", "serve", "m", "--port", "8100", "--max-num-seqs", "64", "--load-format", "dummy"],
         "capacity_rps": 12.5})
     paths = write_best(TrialRecord.of(t), "m", get_kind("vllm"), tmp_path)
-    text = paths["yaml"].read_text()
+    text = paths["config"].read_text()
     assert yaml.safe_load(text) == {"model": "m", "max-num-seqs": 64, "enable-prefix-caching": False}
     assert "load_format dummy" in text and "VLLM_CACHE_ROOT='/var/cache/x y'" in text  # said, not configured
     cmd = paths["command"].read_text()

@@ -90,7 +90,7 @@ def check_args(args: list[str], table: FlagTable) -> list[tuple[Flag, str, str |
             raise ConfigError(f"engine flag {spelling} is not allowed here: {table.managed[spelling]}")
         flag = table.lookup(spelling)
         if flag is None:
-            raise UnknownFlagError(spelling, _hint(spelling, table))
+            raise UnknownFlagError(spelling, _hint(spelling, table), table.engine)
         value: str | None = inline if eq else None
         if flag.kind == "value" and not eq:
             if i + 1 >= len(args):

@@ -62,6 +62,7 @@ class EngineKind:
     """
 
     name: str = ""
+    title: str = ""  # how messages name the engine ("vLLM"); the name when empty
     default_command: tuple[str, ...] = ()
     failure_patterns: Patterns = COMMON_PATTERNS
     staging_only: Mapping[str, Any] = {}
@@ -101,7 +102,16 @@ class EngineKind:
         """The reason a candidate provably cannot start (None: it may). Only what is certain."""
         return None
 
+    # the file render_config writes and how to run the engine from it; None: the engine has no config file
+    config_file: str | None = None
+    config_usage: str = ""
+
+    @property
+    def display_name(self) -> str:
+        return self.title or self.name
+
     def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+        """The engine's config file for ``values`` (only called when ``config_file`` is set)."""
         raise ConfigError(f"engine kind {self.name!r} has no config file format to publish")
 
     def parse_config(self, text: str) -> tuple[str | None, dict[str, Any]]:

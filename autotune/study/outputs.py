@@ -42,24 +42,28 @@ def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:
 
 
 def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path) -> dict[str, Path]:
-    """best.yaml for `vllm serve --config` (env vars as comments: YAML configs cannot set them) and best-command.sh."""
+    """The engine's config file (vLLM: best.yaml for `vllm serve --config`; env vars as comments: YAML
+    configs cannot set them), best-command.sh (exactly what was measured) and best.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
     args = t.engine_args
     values = engine.production_values(args.values)
-    header = [f"autotune: best config of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
-              "run: vllm serve --config best.yaml"]
-    if values != dict(args.values):  # staging measured without reading weights; production must read them
-        header.append("(trials ran with load_format dummy; left out here so the real weights load)")
     env = dict(args.env)
-    if env:
-        header.append("with environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
-    yaml_path = out_dir / "best.yaml"
-    yaml_path.write_text(engine.render_config(model, values, header))
+    if engine.config_file is not None:
+        header = [f"autotune: best config of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
+                  f"run: {engine.config_usage} {engine.config_file}"]
+        if values != dict(args.values):  # staging measured without reading weights; production must read them
+            header.append("(trials ran with load_format dummy; left out here so the real weights load)")
+        if env:
+            header.append("with environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+        paths["config"] = out_dir / engine.config_file
+        paths["config"].write_text(engine.render_config(model, values, header))
     argv = t.argv  # exactly what was measured (staging host, port and load format)
     env_prefix = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " if env else ""
-    cmd_path = out_dir / "best-command.sh"
-    cmd_path.write_text(f"#!/bin/sh\n# autotune: trial {t.number}, as measured\nexec {env_prefix}{shlex.join(argv)}\n")
-    summary = out_dir / "best.json"
-    summary.write_text(json.dumps({"trial": t.number, "argv": argv, "env": env, "values": values,
-                                   "capacity_rps": t.capacity_rps}, indent=2) + "\n")
-    return {"yaml": yaml_path, "command": cmd_path, "json": summary}
+    paths["command"] = out_dir / "best-command.sh"
+    paths["command"].write_text(f"#!/bin/sh\n# autotune: trial {t.number}, as measured\n"
+                                f"exec {env_prefix}{shlex.join(argv)}\n")
+    paths["json"] = out_dir / "best.json"
+    paths["json"].write_text(json.dumps({"trial": t.number, "argv": argv, "env": env, "values": values,
+                                         "capacity_rps": t.capacity_rps}, indent=2) + "\n")
+    return paths

@@ -231,8 +231,9 @@ class StudyRun:
             self._record_failure(trial, f.failure_class.value, f.summary, f.excerpt, out.engine_start_s)
             self.show(f"trial {trial.number}: {f.failure_class.value}: {f.summary}")
             if f.failure_class is FailureClass.INVALID_ARGS:
-                raise ConfigError(f"vLLM rejected trial {trial.number}'s args ({f.summary}); the space allows a "
-                                  "config vLLM refuses: fix the space (argv in the trial's user attrs)")
+                engine = self.space.engine.display_name
+                raise ConfigError(f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
+                                  f"config {engine} refuses: fix the space (argv in the trial's user attrs)")
             if f.failure_class in _PRUNED_CLASSES:
                 raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
             raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault

@@ -16,6 +16,9 @@ __all__ = ["VllmKind"]
 
 class VllmKind(EngineKind):
     name = "vllm"
+    title = "vLLM"
+    config_file = "best.yaml"
+    config_usage = "vllm serve --config"
     default_command = ("vllm", "serve")
     failure_patterns = failures.PATTERNS
     staging_only = config.STAGING_ONLY

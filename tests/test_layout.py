@@ -1,0 +1,85 @@
+"""The import rule of the package, checked by walking every module's imports (function-level ones too).
+
+    cli, console -> daemon -> {study, publish} -> measure -> {engine, workload} -> errors, units, locations
+    sim -> {engine, workload, measure}
+
+A module may import its own component and anything below it, never above or beside it: the
+study knows nothing of publishing, the engine nothing of SLOs, the simulator nothing of Optuna.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
+
+BASE = {"errors", "units", "locations", "__init__"}  # autotune/__init__.py holds only __version__
+ALLOWED: dict[str, set[str]] = {
+    "__init__": set(),
+    "errors": set(),
+    "units": {"errors"},
+    "locations": set(),
+    "engine": {"errors", "units", "locations"},
+    "workload": {"errors", "units", "locations"},
+    "measure": {"engine", "workload"},
+    "sim": {"engine", "workload", "measure"},
+    "study": {"measure", "engine", "workload"},
+    "publish": {"measure", "engine", "workload"},
+    "daemon": {"study", "publish", "measure", "engine", "workload"},
+    "console": {"study", "publish", "measure", "engine", "workload"},
+    "cli": {"console", "daemon", "study", "publish", "measure", "engine", "workload", "sim"},
+    "__main__": {"cli"},
+}
+
+
+def component(module: str) -> str:
+    """autotune.study.runner -> study; autotune.cli -> cli; autotune -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, less what sits under ``if TYPE_CHECKING:`` (annotations only: no dependency at run time)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def imports_of(path: Path) -> set[str]:
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("autotune")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autotune") and not node.level:
+            found.add(node.module)
+            if node.module == "autotune":  # from autotune import x: a submodule or a name of the root
+                found |= {f"autotune.{a.name}" for a in node.names if (PACKAGE / a.name).exists()
+                          or (PACKAGE / f"{a.name}.py").exists()}
+    return found
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        yield ".".join(rel.parts).removesuffix(".__init__"), path
+
+
+@pytest.mark.parametrize("module,path", list(modules()), ids=lambda x: x if isinstance(x, str) else "")
+def test_each_module_imports_only_below_it(module, path):
+    me = component(module)
+    assert me in ALLOWED, f"{module}: a new top-level component; give it a place in the rule above"
+    allowed = ALLOWED[me] | BASE | {me}
+    bad = sorted(m for m in imports_of(path) if component(m) not in allowed)
+    assert not bad, f"{module} ({me}) imports {bad}: the rule allows only {sorted(allowed)}"
+
+
+def test_the_walk_sees_imports():
+    # the rule above is only as good as the walk: it must see the imports it judges
+    runner = PACKAGE / "study" / "runner.py"
+    assert {"autotune.measure.session", "autotune.engine.failures"} <= imports_of(runner)
+    assert "autotune.study.records" in imports_of(PACKAGE / "cli.py")  # imported inside a function
+    assert component("autotune.daemon.loop") == "daemon" and component("autotune") == "__init__"
+    assert "autotune.engine.failures" not in imports_of(PACKAGE / "errors.py")  # only for type checking there
