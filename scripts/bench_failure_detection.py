@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.engine.launcher import Engine, LaunchSpec  # noqa: E402
+from autotune.engine.vllm.failures import PATTERNS  # noqa: E402
 from autotune.errors import EngineFailure  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
@@ -61,7 +62,8 @@ def replayed(case: str, tmp: Path) -> dict:
     stamp = tmp / f"{case}.stamp"
     port = free_port()
     spec = LaunchSpec(argv=[sys.executable, "-c", STAND_IN, str(FIXTURES / log), stream, marker, str(stamp)],
-                      port=port, log_dir=tmp / case, state_dir=tmp / "state", stop_grace=5)
+                      port=port, log_dir=tmp / case, state_dir=tmp / "state", stop_grace=5,
+                      failure_patterns=PATTERNS)
     try:
         Engine(spec).start()
         raise SystemExit(f"{case}: the stand-in engine did not fail")
@@ -85,7 +87,8 @@ def real(case: str, tmp: Path, model: Path, vllm: list[str], env: dict[str, str]
             seen["line"] = time.monotonic()
 
     spec = LaunchSpec(argv=[*vllm, str(model), "--port", str(port), *args], port=port, env=env,
-                      log_dir=tmp / f"real-{case}", state_dir=tmp / "state", startup_timeout=600)
+                      log_dir=tmp / f"real-{case}", state_dir=tmp / "state", startup_timeout=600,
+                      failure_patterns=PATTERNS)
     engine = Engine(spec, on_line=on_line)
     t0 = time.monotonic()
     try:

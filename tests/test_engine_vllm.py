@@ -17,6 +17,7 @@ import pytest
 from autotune.engine.failures import FailureClass
 from autotune.engine.vllm.flags import table_for_command as table_for_engine
 from autotune.engine.launcher import Engine, LaunchSpec, port_is_free
+from autotune.engine.vllm.failures import PATTERNS
 from autotune.engine.leftovers import group_members
 from autotune.errors import EngineFailure, UnknownFlagError
 from tests.conftest import free_port
@@ -69,7 +70,7 @@ def test_kv_cache_too_small_is_oom(tiny_model, vllm_command, engine_env, tmp_pat
     env = {k: v for k, v in engine_env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # it would override the bytes
     spec = LaunchSpec(argv=[*vllm_command, str(tiny_model), "--port", str(port), "--kv-cache-memory-bytes",
                             "33554432", "--max-model-len", "32768"], port=port, env=env, log_dir=tmp_path / "logs",
-                      state_dir=tmp_path / "state", startup_timeout=600)
+                      state_dir=tmp_path / "state", startup_timeout=600, failure_patterns=PATTERNS)
     engine = Engine(spec)
     with pytest.raises(EngineFailure) as info:
         engine.start()
