@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 from autotune import __version__
-from autotune.errors import AutotuneError, ConfigError
+from autotune.boundary import input_errors, one_line
+from autotune.errors import AutotuneError, ConfigError, Interrupted
 
 EXIT_OK, EXIT_SLO_MISS, EXIT_USAGE = 0, 1, 2
 
@@ -30,7 +33,29 @@ SLO_HELP = (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line and exit 2, like every usage error here
-        self.exit(EXIT_USAGE, f"autotune: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"autotune: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def _whole_number(text: str, low: int, high: int | None = None) -> int | None:
+    """``text`` as a whole number from ``low`` to ``high`` (ASCII digits only: int() also reads '١٢'), else None."""
+    if not (text.isascii() and text.isdigit()) or int(text) < low or (high is not None and int(text) > high):
+        return None
+    return int(text)
+
+
+def _whole_numbers(low: int, high: int | None, what: str):
+    """An argparse type: a whole number in a range; else a usage error saying what is expected."""
+    def parse(text: str) -> int:
+        n = _whole_number(text, low, high)
+        if n is None:
+            raise argparse.ArgumentTypeError(f"{what}, not {text!r}")
+        return n
+
+    return parse
+
+
+_port = _whole_numbers(1, 65535, "a port is a number from 1 to 65535")
+_trial_count = _whole_numbers(1, None, "the number of trials to print is 1 or more")
 
 
 def default_engine_command() -> str:
@@ -75,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", required=True, help="model path or name, passed to the engine")
     b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
     b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
-    b.add_argument("--port", type=int, default=8100)
+    b.add_argument("--port", type=_port, default=8100)
     b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="engine environment, repeatable")
     b.add_argument("--startup-timeout", type=float, default=900.0)
     b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
@@ -93,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
     st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
     st.add_argument("--study-name", help="name of the study in the storage (default: the file's name)")
-    st.add_argument("--dry-run", type=int, nargs="?", const=5, metavar="N",
+    st.add_argument("--dry-run", type=_trial_count, nargs="?", const=5, metavar="N",
                     help="print the first N trials' argv and env as JSON lines, launch nothing")
     st.add_argument("--no-remeasure", action="store_true", help="skip re-measuring the top candidates")
 
@@ -105,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--study-name")
         if name == "dashboard":
             q.add_argument("--host", default="127.0.0.1")
-            q.add_argument("--port", type=int, default=8080)
+            q.add_argument("--port", type=_port, default=8080)
         else:
             q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
 
@@ -175,20 +200,40 @@ def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
             fixed_out = lo
         else:
             overrides["output_tokens"] = (lo, hi)
-    if a.requests < 1:
-        raise ConfigError("--requests must be at least 1")
-    if a.load <= 0:
-        raise ConfigError("--load must be positive")
+    _check_replay_numbers(a)
     return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
                         burstiness=a.burstiness, seed=a.seed, overrides=overrides, api=a.api,
                         output_tokens=fixed_out, tokenizer=tokenizer)
 
 
+def _load_workload(spec):
+    """The workload; a note on stderr says what its file left out (ShareGPT conversations without an exchange)."""
+    from autotune.workload.source import load
+    from autotune.workload.trace import SKIPPED_WHY
+
+    workload = load(spec)
+    if workload.skipped:
+        print(f"autotune: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})", file=sys.stderr)
+    return workload
+
+
+def _check_replay_numbers(a: argparse.Namespace) -> None:
+    """The replay's own numbers, checked with the workload's (WorkloadSpec checks those), before anything is read."""
+    if a.requests < 1:
+        raise ConfigError("--requests must be at least 1")
+    if not (a.load > 0 and math.isfinite(a.load)):
+        raise ConfigError(f"--load must be a positive number, got {a.load}")
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        raise ConfigError("--max-concurrency must be at least 1")
+    if a.warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more requests, got {a.warmup}")
+    if not a.request_timeout > 0:
+        raise ConfigError(f"--request-timeout must be a positive number of seconds, got {a.request_timeout}")
+
+
 def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: str | None = None):
     from autotune.measure.replay import ReplayOptions
 
-    if a.max_concurrency is not None and a.max_concurrency < 1:
-        raise ConfigError("--max-concurrency must be at least 1")
     return ReplayOptions(load=a.load, max_concurrency=a.max_concurrency, request_timeout_s=a.request_timeout,
                          warmup_requests=a.warmup, model=model, api_key=api_key)
 
@@ -220,10 +265,10 @@ def _finish(result, a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     from autotune.engine.args import EngineArgs, EngineCommand
+    from autotune.engine.launcher import stop_on_signals
     from autotune.measure.profiles import FixedLoad
     from autotune.measure.session import measure_engine
     from autotune.measure.slo import parse_slos
-    from autotune.workload.source import load
 
     slos = parse_slos(a.slo)
     command = EngineCommand(model=a.model, command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
@@ -232,25 +277,35 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
     tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
-    workload = load(_workload_spec(a, tokenizer))
-    with _progress() as progress:
-        task = progress.add_task("starting engine", total=len(workload))
-        result = measure_engine(
-            command, args, table, lambda _: workload, slos, FixedLoad(), log_dir=a.log_dir,
-            startup_timeout=a.startup_timeout, replay=_replay_options(a),
-            on_phase=lambda ph: progress.update(task, description=ph),
-            on_result=lambda _: progress.advance(task),
-        )
+    workload = _load_workload(_workload_spec(a, tokenizer))
+    stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does
+    try:
+        with _progress() as progress:
+            task = progress.add_task("starting engine", total=len(workload))
+            result = measure_engine(
+                command, args, table, lambda _: workload, slos, FixedLoad(), log_dir=a.log_dir,
+                startup_timeout=a.startup_timeout, replay=_replay_options(a),
+                on_phase=lambda ph: progress.update(task, description=ph),
+                on_result=lambda _: progress.advance(task),
+            )
+    except Interrupted as e:
+        return _stopped(e, "; the engine was stopped")
     return _finish(result, a)
+
+
+def _stopped(e: Interrupted, rest: str) -> int:
+    """The one line of a command a signal stopped; its exit code is 128 + the signal (130 for Ctrl-C, as ever)."""
+    said = "interrupted" if e.signum == signal.SIGINT else f"stopped by {e.name}"
+    print(f"autotune: {said}{rest}", file=sys.stderr)
+    return e.exit_code
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
     from autotune.measure.session import measure_url
     from autotune.measure.slo import parse_slos
-    from autotune.workload.source import load
 
     slos = parse_slos(a.slo)
-    workload = load(_workload_spec(a, a.tokenizer))
+    workload = _load_workload(_workload_spec(a, a.tokenizer))
     with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
         result = measure_url(a.url.rstrip("/"), lambda _: workload, slos, _replay_options(a, a.model, a.api_key),
@@ -269,6 +324,7 @@ def _definition(a: argparse.Namespace):
 
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison, print_pareto
+    from autotune.engine.launcher import stop_on_signals
     from autotune.study.outputs import comparison, write_best
     from autotune.study.records import StudyResult
     from autotune.study.runner import StudyRun, open_study
@@ -284,24 +340,27 @@ def cmd_study(a: argparse.Namespace) -> int:
         return EXIT_OK
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     study = open_study(d)
-    with StudyView(d.name, d.budget.trials) as view:
-        run = StudyRun(d, table, steps, show=view.show)
+    _no_traceback_for_interrupts()
+    stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
+    run = StudyRun(d, table, steps)
+    try:
+        with StudyView(d.name, d.budget.trials) as view:
+            run.show = view.show
 
-        def best_so_far(study, trial) -> None:
-            b = StudyResult.of(study).best
-            if b is not None:
-                view.set_best(f"{b.capacity_rps:.2f} req/s (trial {b.number})")
+            def best_so_far(study, trial) -> None:
+                b = StudyResult.of(study).best
+                if b is not None:
+                    view.set_best(f"{b.capacity_rps:.2f} req/s (trial {b.number})")
 
-        run.callbacks = [best_so_far]
-        try:
+            run.callbacks = [best_so_far]
             run.optimize(study)
-        except KeyboardInterrupt:
-            print(f"autotune: interrupted; the engine was stopped. Rerun the same command to resume study {d.name}.",
-                  file=sys.stderr)
-            return 130
-        # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
-        if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
-            run.remeasure(study)
+            # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
+            if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
+                run.remeasure(study)
+    except Interrupted as e:
+        n = run.interrupted_trial(study)
+        during = f" during trial {n} (recorded as failed)" if n is not None else ""
+        return _stopped(e, f"{during}; the engine was stopped. Rerun the same command to resume study {d.name}.")
     result = StudyResult.of(study)
     if result.pareto:
         print_pareto(result.front)
@@ -312,7 +371,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         print("autotune: no trial met every SLO; see the dashboard: autotune dashboard " + str(a.file), file=sys.stderr)
         return EXIT_SLO_MISS
     kind = d.command.engine_kind
-    paths = write_best(winner, d.command.model, kind, d.run_dir)
+    paths = write_best(winner, d.command.model, kind, d.run_dir, real_env=d.fixed.env)
     if "config" in paths:
         print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}")
     else:
@@ -320,42 +379,83 @@ def cmd_study(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_dashboard(a: argparse.Namespace) -> int:
-    import subprocess
+def _no_traceback_for_interrupts() -> None:
+    """Optuna logs a failed trial with its traceback; a stop (Ctrl-C, a signal) is not a crash, nor is a
+    failure autotune raised on purpose (it says what happened in its own one line)."""
+    import logging
 
+    def strip(record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, AutotuneError)):
+            record.exc_info = None
+        return True
+
+    for handler in logging.getLogger("optuna").handlers:
+        handler.addFilter(strip)
+
+
+def cmd_dashboard(a: argparse.Namespace) -> int:
     d = _definition(a)
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     if not Path(exe).exists() and not shutil.which(exe):
         raise ConfigError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'")
     argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
-    print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr)
+    print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Become optuna-dashboard (same pid): SIGTERM from systemd, a container runtime or a test's terminate()
+    # reaches the server itself, and no child is left behind when this process goes.
     try:
-        return subprocess.call(argv)
-    except KeyboardInterrupt:
-        return EXIT_OK
+        os.execv(exe, argv)  # returns only by raising
+    except OSError as e:
+        raise ConfigError(f"cannot run {exe}: {e.strerror}") from e
+
+
+def _require_study(d, file: Path) -> None:
+    """A report reads a study a run made: no such study is an error naming what there is, and leaves no
+    empty database behind (opening a sqlite URL creates its file)."""
+    import optuna
+
+    if d.storage.startswith("sqlite:///"):
+        path = Path(d.storage.removeprefix("sqlite:///").partition("?")[0])
+        if not path.is_file():
+            raise ConfigError(f"no study database at {path}: run `autotune study {file}` first, or give --storage")
+    names = sorted(optuna.get_all_study_names(d.storage))
+    if d.name not in names:
+        held = f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
+        raise ConfigError(f"no study {d.name!r} in {d.storage}; {held}")
 
 
 def cmd_report(a: argparse.Namespace) -> int:
     from autotune.study.report import write_report
 
     d = _definition(a)
+    _require_study(d, a.file)
     out = write_report(d, a.out or d.run_dir / "report.html")
     print(f"report: {out}")
     return EXIT_OK
 
 
 def cmd_daemon(a: argparse.Namespace) -> int:
-    import signal
     import threading
 
     from autotune.daemon.config import load_daemon_config
     from autotune.daemon.loop import Daemon
 
-    daemon = Daemon(load_daemon_config(a.config))
+    daemon = Daemon(load_daemon_config(a.config, serving=True))  # its metrics port must be free now
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return daemon.run(stop)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:  # only notes it: the loop stops after its tick
+        received.append(signum)
+        stop.set()
+
+    # SIGHUP has no reload meaning yet; its default would end the daemon silently: it stops it, saying so
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    rc = daemon.run(stop)
+    if received:
+        hup = " (it does not reload its config yet: start it again)" if received[0] == signal.SIGHUP else ""
+        print(f"autotune: daemon stopped by {signal.Signals(received[0]).name}{hup}", file=sys.stderr)
+    return rc
 
 
 def _daemon_parts(a: argparse.Namespace):
@@ -384,6 +484,9 @@ def cmd_status(a: argparse.Namespace) -> int:
     st = store.load()
     print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
     print(f"note: {st.note}")
+    if st.scrape_error:
+        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.scrape_error_at))
+        print(f"production scrape: {'failing' if st.scrape_failing else 'ok'}; last error at {when}: {st.scrape_error}")
     print_history(history.entries())
     return EXIT_OK
 
@@ -418,6 +521,8 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     from autotune.daemon.production import build_target
     from autotune.publish.transaction import PublishLock, rollback
 
+    if a.to is not None and a.to < 1:
+        raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; autotune status lists them")
     cfg, root, _, history = _daemon_parts(a)
     with PublishLock(root):
         entry = rollback(build_target(cfg), history, a.to)
@@ -429,11 +534,15 @@ def cmd_capture(a: argparse.Namespace) -> int:
     from autotune.workload.capture import run_capture
 
     host, _, port = a.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--listen must be HOST:PORT, got {a.listen!r}")
-    print(f"autotune: capturing {a.upstream} on http://{a.listen} into {a.out} (Ctrl-C stops)", file=sys.stderr)
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:8001
+    if not host or _whole_number(port, 1, 65535) is None:
+        raise ConfigError(f"--listen must be HOST:PORT with a port from 1 to 65535, got {a.listen!r}")
+
+    def listening(_: int) -> None:  # said once it listens: a refusal before that is the only line
+        print(f"autotune: capturing {a.upstream} on http://{a.listen} into {a.out} (Ctrl-C stops)", file=sys.stderr)
+
     try:
-        run_capture(host, int(port), a.upstream, a.out, with_prompts=a.with_prompts)
+        run_capture(host, int(port), a.upstream, a.out, with_prompts=a.with_prompts, on_ready=listening)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -446,25 +555,27 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(ours)
     if a.command is None:
         parser.print_help()
+        print("autotune: give a command, e.g. autotune replay --help", file=sys.stderr)
         return EXIT_USAGE
     if engine_args and a.command != "bench":
         parser.error(f"engine args after '--' only go with bench, not {a.command}")
     try:
-        if a.command == "bench":
-            return cmd_bench(a, engine_args)
-        if a.command == "study":
-            return cmd_study(a)
-        if a.command == "dashboard":
-            return cmd_dashboard(a)
-        if a.command == "report":
-            return cmd_report(a)
-        handler = {"daemon": cmd_daemon, "retune": cmd_retune, "status": cmd_status, "publish": cmd_publish,
-                   "rollback": cmd_rollback, "capture": cmd_capture}.get(a.command)
-        if handler is not None:
-            return handler(a)
-        return cmd_replay(a)
+        with input_errors():  # what a library raises because of the input: a ConfigError (boundary.py)
+            if a.command == "bench":
+                return cmd_bench(a, engine_args)
+            if a.command == "study":
+                return cmd_study(a)
+            if a.command == "dashboard":
+                return cmd_dashboard(a)
+            if a.command == "report":
+                return cmd_report(a)
+            handler = {"daemon": cmd_daemon, "retune": cmd_retune, "status": cmd_status, "publish": cmd_publish,
+                       "rollback": cmd_rollback, "capture": cmd_capture}.get(a.command)
+            if handler is not None:
+                return handler(a)
+            return cmd_replay(a)
     except AutotuneError as e:  # ConfigError: exit 2; anything else we raise on purpose: exit 1
-        print(f"autotune: {e}", file=sys.stderr)
+        print(f"autotune: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("autotune: interrupted; the engine was stopped", file=sys.stderr)

@@ -16,12 +16,16 @@
     │       └── XinferenceDeployError   the model did not come up with the new engine kwargs
     └── IllegalTransition      a lifecycle (engine, daemon phase) asked for a step it does not allow: a bug
 
+    KeyboardInterrupt
+    └── Interrupted            SIGINT, SIGTERM or SIGHUP in a command that owns an engine: exit 128 + the signal
+
 Outside exceptions (httpx, subprocess, vLLM's exit codes and log lines) are turned
 into these at one boundary each, with ``raise ... from``.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -44,6 +48,7 @@ __all__ = [
     "XinferenceDeployError",
     "UnmappableEngineArgError",
     "IllegalTransition",
+    "Interrupted",
 ]
 
 
@@ -129,3 +134,25 @@ class UnmappableEngineArgError(ConfigError):
 
 class IllegalTransition(AutotuneError):
     """A lifecycle (an engine process, the daemon's phase) was asked for a step it does not allow: a bug."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP), raised in the main thread the way Python raises Ctrl-C
+    (engine.launcher.stop_on_signals): every clean-up written for Ctrl-C runs for it too (the engine
+    stopped, the running trial failed, the study left resumable).
+
+    A KeyboardInterrupt, not an AutotuneError: no ``except Exception`` may swallow it, and Optuna fails the
+    running trial and lets it through, as it does for Ctrl-C.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(self.name)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP

@@ -18,11 +18,13 @@ def state_dir() -> Path:
     return Path(base) / "autotune"
 
 
-def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: str | bytes, mode: int = 0o600) -> None:
     """Replace ``path`` so that a reader (or a crash) sees the old file or the new one, never half of it.
 
     Temp file in the same directory (rename is atomic only within a file system), fsync the
     data, rename over the target, fsync the directory so the rename itself survives a power cut.
+    The file gets exactly ``mode``, whatever the umask: 0600 by default, since what autotune
+    writes holds state or configs (0640 where a group reads it: production's vLLM config).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +32,7 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

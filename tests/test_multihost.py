@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 import pytest
 from optuna.trial import TrialState
 
@@ -117,8 +118,8 @@ def test_two_workers_share_one_study_and_a_dead_workers_trial_is_retried(tmp_pat
             time.sleep(0.5)
             try:
                 study = optuna.load_study(study_name="shared", storage=postgres)
-            except KeyError:
-                continue
+            except (KeyError, sqlalchemy.exc.SQLAlchemyError):
+                continue  # not created yet, or the workers are creating Optuna's schema right now
             victim = next((t for t in study.get_trials(states=(TrialState.RUNNING,))
                            if t.user_attrs.get("worker", "").endswith(f":{a.pid}")), None)
         assert victim is not None, "worker a never ran a trial"

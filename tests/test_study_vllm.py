@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.engine
+# the study below runs ~10 engine starts; on a busy 2-core host that takes longer than the default 600 s
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 STUDY = """
 name = "tiny-real"

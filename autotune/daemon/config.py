@@ -19,7 +19,7 @@
     trace = ""                           # or a trace recorded by `autotune capture` to replay instead
 
     [watch]
-    scrape_interval = "15s"
+    scrape_interval = "15s"              # at least 1s
     window = "10m"                       # SLO compliance and the traffic fingerprint over this span
 
     [triggers]
@@ -37,21 +37,27 @@
 
     [metrics]
     listen = "127.0.0.1:9464"            # the daemon's own Prometheus metrics; "" turns them off
+
+Every value is read strictly (autotune/configfile.py): ``approval = "false"`` is an error, not true.
+The daemon itself checks at start that it can listen on [metrics].listen; the commands that only
+read this file (status, publish, rollback, retune) do not, as the running daemon holds that port.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.configfile import Table
 from autotune.errors import ConfigError
 from autotune.publish.target import check_settings
-from autotune.study.definition import read_toml
-from autotune.units import parse_duration
-from autotune.measure.slo import SLO, parse_slos
+from autotune.study.definition import read_slos
+from autotune.measure.slo import SLO
 
 __all__ = ["DaemonConfig", "Production", "Triggers", "TimeWindow", "load_daemon_config"]
 
@@ -112,93 +118,99 @@ class DaemonConfig:
         return not self.tuning_windows or any(w.contains(now.time()) for w in self.tuning_windows)
 
 
-def _table(data: dict, key: str, where: str) -> dict:
-    t = data.get(key, {})
-    if not isinstance(t, dict):
-        raise ConfigError(f"{where} [{key}] must be a table")
-    return t
+_SEE = "see autotune/daemon/config.py"
 
 
-def _known(t: dict, keys: set[str], where: str) -> None:
-    extra = set(t) - keys
-    if extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; see autotune/daemon/config.py")
-
-
-def load_daemon_config(path: str | Path) -> DaemonConfig:
+def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConfig:
+    """The daemon file at ``path``; ``serving``: the daemon itself is starting, so its metrics port must be free."""
     p = Path(path)
-    data = read_toml(p, "daemon config")
+    top = Table.of_file(p, "daemon config", see=_SEE)
+    top.only({"name", "slos", "production", "staging", "watch", "triggers", "tuning", "publish", "metrics"})
     w = p.name
-    _known(data, {"name", "slos", "production", "staging", "watch", "triggers", "tuning", "publish", "metrics"}, w)
-    name = str(data.get("name", "production"))
+    name = top.string("name", "production")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ConfigError(f"{w}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
-    slos = parse_slos(data.get("slos", []))
+    slos = read_slos(top)
     if not slos:
         raise ConfigError(f"{w}: give the SLOs production must meet, e.g. slos = [\"ttft<800ms\"]")
 
-    prod = _table(data, "production", w)
+    prod = top.table("production")
     if "url" not in prod:
         raise ConfigError(f"{w} [production].url is missing: production's base URL, e.g. http://127.0.0.1:8000")
-    kind = prod.get("kind", "vllm-config")
-    settings = {k: v for k, v in prod.items() if k not in ("url", "kind")}
-    check_settings(kind, settings, f"{w} [production]")  # each target kind checks its own keys
-    production = Production(url=str(prod["url"]).rstrip("/"), kind=kind, settings=settings)
+    url = prod.string("url")
+    if not re.match(r"https?://[^/]", url):
+        raise prod.wrong("url", "production's base URL, e.g. http://127.0.0.1:8000")
+    kind = prod.string("kind", "vllm-config")
+    settings = {k: prod.value(k) for k in prod.keys() if k not in ("url", "kind")}
+    check_settings(kind, settings, prod.where)  # each target kind checks its own keys
+    production = Production(url=url.rstrip("/"), kind=kind, settings=settings)
 
-    staging = _table(data, "staging", w)
-    _known(staging, {"study", "trace"}, f"{w} [staging]")
+    staging = top.table("staging")
+    staging.only({"study", "trace"})
     if "study" not in staging:
         raise ConfigError(f"{w} [staging].study is missing: the study file the staging engine is tuned with")
-    study = Path(staging["study"])
-    if not study.is_absolute():
-        study = p.parent / study
+    study = p.parent / staging.string("study")  # an absolute path stays itself
     if not study.is_file():
         raise ConfigError(f"{w} [staging].study: {str(study)!r} does not exist")
-
-    trace = Path(staging["trace"]) if staging.get("trace") else None
-    if trace is not None and not trace.is_absolute():
-        trace = p.parent / trace
+    trace = staging.string("trace", "")
+    trace = p.parent / trace if trace else None
     if trace is not None and not trace.is_file():
         raise ConfigError(f"{w} [staging].trace: {str(trace)!r} does not exist (record one with autotune capture)")
 
-    watch = _table(data, "watch", w)
-    _known(watch, {"scrape_interval", "window"}, f"{w} [watch]")
-    trig = _table(data, "triggers", w)
-    _known(trig, {"drift", "breach_windows", "every", "cooldown"}, f"{w} [triggers]")
-    every = trig.get("every", "7d")
-    triggers = Triggers(
-        drift=float(trig.get("drift", 0.5)), breach_windows=int(trig.get("breach_windows", 3)),
-        every_s=0.0 if every in ("0", 0) else _days(every, f"{w} [triggers].every"),
-        cooldown_s=_days(trig.get("cooldown", "6h"), f"{w} [triggers].cooldown"),
-    )
-    tuning = _table(data, "tuning", w)
-    _known(tuning, {"windows", "canary_requests"}, f"{w} [tuning]")
-    windows = tuple(TimeWindow.parse(x, f"{w} [tuning].windows") for x in tuning.get("windows", []))
-    pub = _table(data, "publish", w)
-    _known(pub, {"approval"}, f"{w} [publish]")
-    met = _table(data, "metrics", w)
-    _known(met, {"listen"}, f"{w} [metrics]")
-    listen = met.get("listen", "127.0.0.1:9464")
-    addr = None
-    if listen:
-        host, _, port = str(listen).rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"{w} [metrics].listen must be HOST:PORT, e.g. 127.0.0.1:9464")
-        addr = (host, int(port))
+    watch = top.table("watch")
+    # a scrape is an HTTP request to production: more than one a second is a busy loop, not a watch
+    scrape_interval = watch.duration("scrape_interval", 15.0, at_least=1)
+    window = watch.duration("window", 600.0, above=0)
+    watch.done()
+    trig = top.table("triggers")
+    triggers = Triggers(drift=trig.number("drift", 0.5, above=0),
+                        breach_windows=trig.integer("breach_windows", 3, at_least=1),
+                        every_s=trig.duration("every", 7 * 86400.0, at_least=0, days=True),  # 0: never
+                        cooldown_s=trig.duration("cooldown", 6 * 3600.0, at_least=0, days=True))
+    trig.done()
+    tuning = top.table("tuning")
+    windows = tuple(TimeWindow.parse(x, tuning.name("windows")) for x in tuning.strings("windows", []))
+    canary_requests = tuning.integer("canary_requests", 60, at_least=1)
+    tuning.done()
+    pub = top.table("publish")
+    approval = pub.boolean("approval", False)
+    pub.done()
+    met = top.table("metrics")
+    listen = _listen(met, serving)
+    met.done()
     return DaemonConfig(
         name=name, slos=slos, production=production, staging_study=study, staging_trace=trace,
-        scrape_interval_s=parse_duration(watch.get("scrape_interval", 15), f"{w} [watch].scrape_interval"),
-        window_s=parse_duration(watch.get("window", 600), f"{w} [watch].window"),
-        triggers=triggers, tuning_windows=windows, canary_requests=int(tuning.get("canary_requests", 60)),
-        approval=bool(pub.get("approval", False)), metrics_listen=addr, source=p,
+        scrape_interval_s=scrape_interval, window_s=window, triggers=triggers, tuning_windows=windows,
+        canary_requests=canary_requests, approval=approval, metrics_listen=listen, source=p,
     )
 
 
-def _days(text: Any, where: str) -> float:
-    """Durations that may be days long: '7d' besides what parse_duration reads."""
-    if isinstance(text, str) and text.strip().endswith("d"):
+def _listen(met: Table, serving: bool) -> tuple[str, int] | None:
+    """``listen = "HOST:PORT"`` ("" turns the metrics off); when ``serving``, the port must be free now."""
+    text = met.string("listen", "127.0.0.1:9464")
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]:9464
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise met.wrong("listen", "HOST:PORT with a port from 1 to 65535, e.g. 127.0.0.1:9464")
+    if serving:
+        _bind_test(host, int(port), met.name("listen"))
+    return host, int(port)
+
+
+def _bind_test(host: str, port: int, where: str) -> None:
+    """Bind (and let go of) ``host:port`` as the metrics server will: a ConfigError when that cannot work."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ConfigError(f"{where}: cannot listen on {host}:{port}: {e.strerror}") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server does
         try:
-            return float(text.strip()[:-1]) * 86400
-        except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not a duration; write e.g. 7d, 6h or 30m") from None
-    return parse_duration(text, where)
+            s.bind(addr)
+        except OSError as e:
+            why = "the port is in use (another daemon?); pick another or stop it" \
+                if e.errno == errno.EADDRINUSE else e.strerror
+            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}") from None

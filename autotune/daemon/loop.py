@@ -11,6 +11,9 @@ updates the metrics, and advances the state machine (state.py). Long work never 
 
 Everything needed to resume is in the state file and the publish history under the state
 directory ($STATE_DIRECTORY under systemd).
+
+What the daemon says goes to stderr (the journal under systemd) in one line each, only when
+something changes: production's metrics stop answering, and answer again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ __all__ = ["Daemon"]
 MIN_REQUESTS = 20  # a window with fewer finished requests says too little about the traffic
 
 
+def _say(text: str) -> None:
+    print(f"autotune: {text}", file=sys.stderr, flush=True)
+
+
 class Daemon:
     def __init__(self, cfg: DaemonConfig, *, target: Target | None = None, root: Path | None = None,
                  metrics: DaemonMetrics | None = None, autotune_argv: list[str] | None = None) -> None:
@@ -65,6 +72,7 @@ class Daemon:
         self._child: TuningChild | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._job: concurrent.futures.Future[Any] | None = None
+        self._failed_scrapes = 0  # in the current streak
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -107,16 +115,18 @@ class Daemon:
             self.state = self.store.save(self.state.to(phase, **changes))
 
     def _note(self, text: str, **changes: Any) -> None:
+        self._keep(note=text, **changes)
+
+    def _keep(self, **changes: Any) -> None:
         with self._lock:
-            self.state = self.store.save(replace(self.state, note=text, **changes))
+            self.state = self.store.save(replace(self.state, **changes))
 
     # -- watching ------------------------------------------------------------------------------
 
     def _observe(self) -> Observation | None:
         window = self.watcher.poll()
+        self._scrape_news()
         if window is None:
-            if self.watcher.consecutive_errors:
-                self.metrics.scrape_errors.inc()
             return None
         compliance = window.slo_compliance(self.cfg.slos)
         self.metrics.set_slos(compliance)
@@ -134,6 +144,25 @@ class Daemon:
         known = [e.holds for e in compliance if e.holds is not None and e.slo.is_latency]
         return Observation(score, (not all(known)) if known else None)
 
+    def _scrape_news(self) -> None:
+        """Say when production's metrics stop answering and when they answer again: once per streak, not once
+        per scrape. The last error stays in the state, for ``autotune status``."""
+        w = self.watcher
+        where = f"{w.url}/metrics"
+        if w.consecutive_errors:
+            self.metrics.scrape_errors.inc()
+            self._failed_scrapes = w.consecutive_errors
+            if w.consecutive_errors == 1:
+                _say(f"cannot scrape production ({where}): {w.last_error}; retrying every "
+                     f"{self.cfg.scrape_interval_s:g} s, quiet until it works again")
+            error = f"{where}: {w.last_error}"
+            if not self.state.scrape_failing or self.state.scrape_error != error:
+                self._keep(scrape_error=error, scrape_error_at=time.time(), scrape_failing=True)
+        elif self.state.scrape_failing:
+            n, self._failed_scrapes = self._failed_scrapes, 0
+            _say(f"scraping production works again ({where})" + (f" after {n} failed scrapes" if n else ""))
+            self._keep(scrape_failing=False)
+
     def _watching(self, obs: Observation | None) -> None:
         now = time.time()
         t = self.cfg.triggers
@@ -141,7 +170,10 @@ class Daemon:
                    every_s=t.every_s, cooldown_s=t.cooldown_s, in_window=self.cfg.may_tune_at(dt.datetime.now()),
                    manual=self.store.take_retune_request())
         if d.trigger is None:
-            self._note(d.waiting or "watching", breach_streak=d.breach_streak)
+            note = d.waiting or "watching"
+            if self.state.scrape_failing:
+                note += f"; cannot scrape production: {self.state.scrape_error}"
+            self._note(note, breach_streak=d.breach_streak)
             return
         if self.fingerprint is None:
             self._note(f"{d.trigger}; waiting for a full window of traffic to imitate", breach_streak=d.breach_streak)

@@ -61,6 +61,9 @@ class DaemonState:
     study_file: str | None = None
     tunings: int = 0
     note: str = ""  # the last thing worth telling (systemd STATUS=, autotune status)
+    scrape_error: str | None = None  # the last failed scrape of production, "URL: error" (kept once it works again)
+    scrape_error_at: float = 0.0  # wall clock of it
+    scrape_failing: bool = False  # production's metrics do not answer now
 
     def to(self, phase: Phase, **changes: Any) -> DaemonState:
         if phase is not self.phase and phase not in ALLOWED[self.phase]:

@@ -3,7 +3,9 @@
 An engine kind (engine/kind.py) says where its table comes from; ``check_args`` walks an argv
 against a table before any launch, so a flag that does not exist is an ``UnknownFlagError``
 naming the flag and what to use instead (the kind's ``removed`` hints, else the closest real
-flags), and a flag autotune sets itself (``managed``) is refused.
+flags), and a flag autotune sets itself (``managed``) is refused. A spelling is read as vLLM's
+parser reads it: ``--max_num_seqs`` is ``--max-num-seqs`` (``normalize``), aliases and ``--no-x``
+lead to their flag (``FlagTable.resolve``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from autotune.errors import ConfigError, UnknownFlagError
 
-__all__ = ["Flag", "FlagTable", "check_args", "dest_of", "flag_of"]
+__all__ = ["Flag", "FlagTable", "check_args", "dest_of", "flag_of", "normalize"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,17 @@ class FlagTable:
     help_command: str = "the engine's --help"
 
     def lookup(self, spelling: str) -> Flag | None:
-        return self.flags.get(spelling)
+        return self.flags.get(spelling) or self.flags.get(normalize(spelling))
+
+    def resolve(self, word: str) -> tuple[str, bool] | None:
+        """The flag a command-line word sets, by its long name, and whether it turns it on:
+        ``--no_trust_remote_code`` -> ("--trust-remote-code", False); None for a word that is not a flag."""
+        if not word.startswith("-"):
+            return None
+        spelling = normalize(word.partition("=")[0])
+        flag = self.lookup(spelling)
+        name = flag.name if flag is not None else spelling
+        return name, not (spelling.startswith("--no-") and spelling != name)
 
     @classmethod
     def from_dump(cls, dump: dict, source: str, removed: Mapping[str, str] = {}, managed: Mapping[str, str] = {},
@@ -51,6 +63,11 @@ class FlagTable:
             if f.kind == "bool":
                 flags["--no-" + f.name[2:]] = f
         return cls(dump["version"], source, flags, dict(removed), dict(managed), engine, help_command)
+
+
+def normalize(spelling: str) -> str:
+    """--max_num_seqs -> --max-num-seqs, as vLLM's parser reads a long flag; short aliases stay as they are."""
+    return "--" + spelling[2:].replace("_", "-") if spelling.startswith("--") else spelling
 
 
 def dest_of(flag: str) -> str:
@@ -86,9 +103,10 @@ def check_args(args: list[str], table: FlagTable) -> list[tuple[Flag, str, str |
             raise ConfigError(f"unexpected engine argument {tok!r}: engine args are --flag [value] pairs; "
                               "the model is given separately")
         spelling, eq, inline = tok.partition("=")
-        if spelling in table.managed:
-            raise ConfigError(f"engine flag {spelling} is not allowed here: {table.managed[spelling]}")
         flag = table.lookup(spelling)
+        managed = table.managed.get(flag.name if flag else normalize(spelling)) or table.managed.get(spelling)
+        if managed is not None:
+            raise ConfigError(f"engine flag {spelling} is not allowed here: {managed}")
         if flag is None:
             raise UnknownFlagError(spelling, _hint(spelling, table), table.engine)
         value: str | None = inline if eq else None

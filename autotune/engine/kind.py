@@ -10,6 +10,7 @@ An engine kind answers, for the rest of autotune:
                         block_sizes(platform)          values the platform's kernels accept
                         apply_rules(flags, mml)        move a point into what the engine accepts
                         unsupported(key, value, ...)   a value the platform cannot run (a baseline's)
+                        out_of_range(key, value)       a value the engine never takes (checked at study load)
                         precheck(shape, args, ...)     provably does not fit: prune at 0 engine seconds
     what to beat        baselines                      named configs every study measures first
     how to publish      render_config / parse_config   the engine's own config file format
@@ -97,6 +98,14 @@ class EngineKind:
             return f"block_size {value} is not supported on {platform}"
         return None
 
+    def out_of_range(self, key: str, value: Any) -> str | None:
+        """What values of ``key`` must be, when ``value`` is not one of them on any platform (None: it may be).
+
+        Called at study load for fixed engine args, search bounds and baseline values, so a value the
+        engine always refuses is an error naming the key ("must be <this>, got 1.2"), not a failed trial.
+        """
+        return None
+
     def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
                  device_memory_bytes: int | None = None) -> str | None:
         """The reason a candidate provably cannot start (None: it may). Only what is certain."""
@@ -114,7 +123,8 @@ class EngineKind:
         """The engine's config file for ``values`` (only called when ``config_file`` is set)."""
         raise ConfigError(f"engine kind {self.name!r} has no config file format to publish")
 
-    def parse_config(self, text: str) -> tuple[str | None, dict[str, Any]]:
+    def parse_config(self, text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
+        """(model, values) from a config file's text; ``source`` names the file in errors."""
         raise ConfigError(f"engine kind {self.name!r} has no config file format to read")
 
     def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:

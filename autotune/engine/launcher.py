@@ -11,18 +11,28 @@ Lifecycle (illegal transitions raise):
 Readiness is ``GET /health`` == 200. Failure is known as soon as a log line proves it
 (the spec's ``failure_patterns``, from the engine kind) or the process exits: the launcher never waits out its timeout when
 the engine already said why.
+
+Signals: a command that owns an engine calls ``stop_on_signals()``. SIGTERM (systemd, ``timeout``,
+a container runtime, CI) and SIGHUP (a closed terminal) then do what Ctrl-C does: the handler
+only notes the first signal and raises ``Interrupted`` in the main thread, where the ``finally``
+blocks that stop engines run. It never raises inside a launch or a stop (the signal is raised
+when that section ends, so neither is cut in half) and never twice (a second signal cannot cut
+the clean-up short). An engine a signal kept from its stop anyway is stopped at exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import enum
 import errno
 import os
+import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
@@ -33,10 +43,10 @@ import psutil
 from autotune.engine import gpu
 from autotune.engine.failures import COMMON_PATTERNS, Failure, FailureClass, LogWatch, Patterns, classify_exit
 from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
-from autotune.errors import EngineFailure, IllegalTransition
+from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
 
-__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free"]
+__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals"]
 
 
 class EngineState(enum.Enum):
@@ -101,6 +111,58 @@ def _holder_of(port: int) -> str:
     return ""
 
 
+class _Signals:
+    """What the stop handler saw. Touched by the main thread only (Python runs handlers there)."""
+
+    received: int | None = None  # the first stop signal
+    raised = False
+    sections = 0  # launches and stops under way
+
+
+def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> None:
+    """Make ``signals`` raise ``Interrupted`` in the main thread, as Ctrl-C raises KeyboardInterrupt (call it there)."""
+    for sig in signals:
+        signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    if _Signals.received is not None:
+        return  # the first one is being acted on: let its clean-up finish
+    _Signals.received = signum
+    if not _Signals.sections:
+        _raise_received()
+
+
+def _raise_received() -> None:
+    _Signals.raised = True
+    raise Interrupted(_Signals.received)
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """A launch or a stop runs to its end; a stop signal that came meanwhile is raised after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _Signals.sections += 1
+    try:
+        yield
+    finally:
+        _Signals.sections -= 1
+        if not _Signals.sections and _Signals.received is not None and not _Signals.raised:
+            _raise_received()
+
+
+_RUNNING: set[Engine] = set()  # launched and not yet stopped
+
+
+@atexit.register
+def _stop_running() -> None:
+    """The last net: an engine whose stop a signal kept from starting (it landed just before) is stopped on exit."""
+    for engine in list(_RUNNING):
+        engine.stop()
+
+
 class Engine:
     """One engine process. Use as a context manager, or call start() and stop() yourself."""
 
@@ -158,11 +220,12 @@ class Engine:
         """Launch and block until ready. Raises EngineFailure (the engine is stopped by then)."""
         self._to(EngineState.STARTING)
         try:
-            reap_leftovers(self._state_dir)
-            if not port_is_free(self.spec.host, self.spec.port):
-                self._fail(Failure(FailureClass.PORT_IN_USE,
-                                   f"port {self.spec.port} on {self.spec.host} is already in use{_holder_of(self.spec.port)}"))
-            self._launch()
+            with _uninterrupted():
+                reap_leftovers(self._state_dir)
+                if not port_is_free(self.spec.host, self.spec.port):
+                    self._fail(Failure(FailureClass.PORT_IN_USE, f"port {self.spec.port} on {self.spec.host} is "
+                                       f"already in use{_holder_of(self.spec.port)}"))
+                self._launch()
             self._wait_ready()
         except BaseException:  # KeyboardInterrupt included: never leave the engine behind
             self.stop()
@@ -178,6 +241,7 @@ class Engine:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
         self._pgid = self._proc.pid  # start_new_session: the engine leads its own group
+        _RUNNING.add(self)
         if self.spec.nice:
             # set before vLLM spawns its engine core and workers (seconds later), which inherit it
             psutil.Process(self._proc.pid).nice(self.spec.nice)
@@ -280,6 +344,10 @@ class Engine:
         """SIGTERM the group, SIGKILL after the grace, then wait for the port and GPU memory."""
         if self.state in (EngineState.STOPPING, EngineState.STOPPED):
             return
+        with _uninterrupted():
+            self._stop()
+
+    def _stop(self) -> None:
         if self.state is EngineState.CREATED:
             self._to(EngineState.STOPPED)
             return
@@ -307,5 +375,6 @@ class Engine:
                 time.sleep(0.1)
             gpu.wait_released(pids, timeout=60)
             remove_record(self._state_dir, self.spec.port)
+        _RUNNING.discard(self)
         self.stop_s = time.monotonic() - t0
         self._to(EngineState.STOPPED)

@@ -4,11 +4,13 @@ A launcher writes ``engine-<port>.json`` (the engine's pid, process group and st
 and its own) before it waits for readiness, and removes it after a clean stop. A launcher
 killed with SIGKILL cannot clean up; the next launch on the host reads the record, sees the
 owner is gone, and kills the leftover group first. Start times guard against reused pids.
+Each engine reaped is reported in one line (a logging warning: stderr unless logging is set up).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -17,7 +19,11 @@ from pathlib import Path
 
 import psutil
 
+from autotune.locations import atomic_write
+
 __all__ = ["EngineRecord", "write_record", "remove_record", "reap_leftovers", "kill_group", "group_members"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,7 @@ def _path(state_dir: Path, port: int) -> Path:
 
 def write_record(state_dir: Path, rec: EngineRecord) -> Path:
     path = _path(state_dir, rec.port)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(rec)))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(asdict(rec)))  # 0600, like all autotune's state
     return path
 
 
@@ -101,11 +104,15 @@ def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
         owner_is_me = rec.owner_pid == me.pid and abs(rec.owner_create_time - me.create_time()) < 0.01
         if _alive(rec.owner_pid, rec.owner_create_time) and not owner_is_me:
             continue  # another live autotune owns it
-        if _alive(rec.pid, rec.create_time) or group_members(rec.pgid):
+        alive = _alive(rec.pid, rec.create_time) or bool(group_members(rec.pgid))
+        if alive:
             kill_group(rec.pgid, grace)
             deadline = time.monotonic() + grace
             while group_members(rec.pgid) and time.monotonic() < deadline:
                 time.sleep(0.1)
+        _log.warning("autotune: reaped %s: pid %d, port %d, left behind by autotune pid %d",
+                     "a leftover engine" if alive else "the record of a leftover engine that had exited",
+                     rec.pid, rec.port, rec.owner_pid)
         path.unlink(missing_ok=True)
         reaped.append(rec)
     return reaped

@@ -101,7 +101,7 @@ class Step:
 class Outcome:
     url: str
     argv: list[str] = field(default_factory=list)  # empty for a server someone else runs
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # secret-looking names redacted: what --json shows
     started_at: float = 0.0  # wall clock
     failure: Failure | None = None
     engine_ready_s: float | None = None  # launch to healthy (None: never healthy, or not ours)
@@ -219,7 +219,7 @@ def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
     """Start the engine with ``args`` (its flags checked first), step the load, stop it."""
     t0 = time.monotonic()
     spec = command.launch_spec(args, table, log_dir, startup_timeout)
-    out = Outcome(url=spec.url, argv=spec.argv, env=spec.env, started_at=time.time())
+    out = Outcome(url=spec.url, argv=spec.argv, env=args.redacted().env, started_at=time.time())
     engine = Engine(spec)
     out.log_paths = engine.log_paths
     try:

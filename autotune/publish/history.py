@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import ConfigError
 from autotune.locations import atomic_write
 
 __all__ = ["Entry", "History", "GOOD"]
@@ -51,16 +52,13 @@ class History:
     def entries(self) -> list[Entry]:
         if not self.root.is_dir():
             return []
-        out = []
-        for p in sorted(self.root.glob("[0-9][0-9][0-9][0-9]*.json")):
-            out.append(Entry(**json.loads(p.read_text())))
+        out = [_read(p) for p in sorted(self.root.glob("[0-9][0-9][0-9][0-9]*.json"))]
         return sorted(out, key=lambda e: e.number)
 
-    def get(self, number: int) -> Entry:
+    def get(self, number: int) -> Entry | None:
+        """Entry ``number``; None when there is none."""
         p = self._path(number)
-        if not p.is_file():
-            raise KeyError(f"no history entry {number} in {self.root}")
-        return Entry(**json.loads(p.read_text()))
+        return _read(p) if number >= 1 and p.is_file() else None
 
     def add(self, outcome: str, values: dict[str, Any], **kw: Any) -> Entry:
         entries = self.entries()
@@ -92,3 +90,10 @@ class History:
 
     def _write(self, e: Entry) -> None:
         atomic_write(self._path(e.number), json.dumps(asdict(e), indent=1) + "\n")
+
+
+def _read(p: Path) -> Entry:
+    try:
+        return Entry(**json.loads(p.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as e:  # not JSON or not UTF-8 (both ValueErrors), or not an entry's fields
+        raise ConfigError(f"{p} is not a history entry ({e}); move it out of {p.parent}") from e

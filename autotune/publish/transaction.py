@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target, wait_healthy
 
@@ -112,13 +112,15 @@ def rollback(target: Target, history: History, to: int | None = None) -> Entry:
     current = next((e for e in reversed(entries) if e.good), None)
     if to is not None:
         good = history.get(to)
+        if good is None:
+            raise ConfigError(f"there is no history entry {to}; autotune status lists them")
         if not good.good:
-            raise AutotuneError(f"entry {to} is {good.outcome}, not a config production ran well; pick a "
-                                "published or adopted one (autotune history)")
+            raise ConfigError(f"entry {to} is {good.outcome}, not a config production ran well; pick a "
+                              "published or adopted one (autotune status lists them)")
     else:
         good = history.last_good(before=current.number) if current else None
         if good is None:
-            raise AutotuneError("no earlier good config to roll back to")
+            raise ConfigError("no earlier good config to roll back to (autotune status shows the history)")
     target.deploy(good.values)
     return history.add("published", good.values, source={"rollback_to": good.number, "by": "hand"},
                        reason=f"rolled back by hand to entry {good.number}")

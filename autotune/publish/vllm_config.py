@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.configfile import Table, read_text
 from autotune.engine.args import EngineArgs
 from autotune.engine.flags import FlagTable, check_args
 from autotune.engine.kind import EngineKind, get_kind
@@ -53,7 +54,10 @@ class VllmConfigTarget:
         restart = table["restart"]
         if not isinstance(restart, list) or not restart or not all(isinstance(x, str) for x in restart):
             raise ConfigError(f"{where}.restart must be a list of strings (an argv, run without a shell)")
-        parse_duration(table.get("health_timeout", 900), f"{where}.health_timeout")
+        t = Table(table, where)  # each value of its kind: a number is no path, a bool no duration
+        for key in ("config", "model"):
+            t.string(key)
+        t.duration("health_timeout", 900.0, above=0)
 
     @classmethod
     def from_settings(cls, url: str, table: Mapping[str, Any], where: str) -> Target:
@@ -68,7 +72,7 @@ class VllmConfigTarget:
         """The engine args in the config file now (None when there is no file yet)."""
         if not self.config_path.is_file():
             return None
-        return self.engine.parse_config(self.config_path.read_text())[1]
+        return self.engine.parse_config(read_text(self.config_path, "production config"), str(self.config_path))[1]
 
     def validate(self, values: Mapping[str, Any]) -> None:
         check_args(EngineArgs(dict(values)).to_args(), self.table)
@@ -79,7 +83,8 @@ class VllmConfigTarget:
     def deploy(self, values: Mapping[str, Any], header: Sequence[str] = ()) -> None:
         values = self.engine.production_values(values)
         self.validate(values)
-        atomic_write(self.config_path, self.engine.render_config(self.model, values, header))
+        # 0640: the vllm unit's user reads it through group vllm (systemd/README.md)
+        atomic_write(self.config_path, self.engine.render_config(self.model, values, header), 0o640)
         try:
             r = subprocess.run(list(self.restart), capture_output=True, text=True, timeout=self.restart_timeout_s)
         except (OSError, subprocess.TimeoutExpired) as e:

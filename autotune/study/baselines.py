@@ -10,12 +10,16 @@ GPU memory on a CPU host) is left at the default and the note says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.configfile import show
+from autotune.engine.kind import EngineKind
+from autotune.errors import ConfigError
 from autotune.study.space import Space
 
-__all__ = ["BaselinePoint", "baseline_points"]
+__all__ = ["BaselinePoint", "baseline_points", "check_builtin"]
 
 @dataclass(frozen=True)
 class BaselinePoint:
@@ -25,14 +29,24 @@ class BaselinePoint:
     notes: tuple[str, ...] = ()
 
 
+def check_builtin(engine: EngineKind, names: Sequence[str], where: str) -> tuple[str, ...]:
+    """``names`` (a study's ``builtin = [...]``), each one of the engine kind's built-in baselines."""
+    if any(name not in engine.baselines for name in names):
+        known = ", ".join(engine.baselines) or "none"
+        raise ConfigError(f"{where} must name {engine.display_name}'s built-in baselines ({known}), "
+                          f"got {show(list(names))}")
+    return tuple(names)
+
+
 def baseline_points(space: Space, builtin: tuple[str, ...] | None,
                     extra: list[tuple[str, dict[str, Any]]]) -> list[BaselinePoint]:
-    """The points of every baseline: ``builtin`` names the engine kind's to run (None: all of them)."""
+    """The points of every baseline: ``builtin`` names the engine kind's to run (None: all of them;
+    ``check_builtin`` has made sure, at study load, that each name is the kind's)."""
     points = []
     names = set(space.names())
     known = space.engine.baselines
     wanted = list(known) if builtin is None else builtin
-    for name, values in [(b, known[b]) for b in wanted if b in known] + list(extra):
+    for name, values in [(b, known[b]) for b in wanted] + list(extra):
         given, args, notes = {}, {}, []
         for key, value in values.items():
             if (why := space.engine.unsupported(key, value, space.platform)) is not None:

@@ -6,24 +6,27 @@ naming the file, the key and what to write instead.
 
 from __future__ import annotations
 
+import contextlib
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configfile import Table, read_toml, show
 from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.gpu import GpuInfo
+from autotune.engine.kind import EngineKind
 from autotune.engine.model import parse_bytes
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, SLOSyntaxError
 from autotune.units import parse_duration
+from autotune.study.baselines import check_builtin
 from autotune.study.scoring import KINDS as SCORING_KINDS
 from autotune.study.scoring import Scoring, scoring_for
-from autotune.study.space import Param
+from autotune.study.space import Param, check_range, default_space
 from autotune.measure.slo import SLO, parse_slos
 from autotune.workload.source import WorkloadSpec
 
-__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "read_toml", "derive_study"]
+__all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "read_slos", "derive_study"]
 
 _TOP = {"name", "storage", "heartbeat", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
         "precheck", "remeasure", "seed", "runs_dir"}
@@ -77,6 +80,7 @@ class StudyDefinition:
     source: Path | None = None
     gpus: tuple[GpuInfo, ...] | None = None  # [engine.gpu]: the engine's devices when NVML here cannot see them
     heartbeat_s: float = 60.0  # shared storage: how often a worker proves its running trial is alive
+    secret_env: tuple[str, ...] = ()  # [engine].secret_env: engine env vars whose values no output shows
 
     @property
     def run_dir(self) -> Path:
@@ -106,152 +110,146 @@ def _default_storage(d: StudyDefinition) -> str:
     return f"sqlite:///{(d.runs_dir / 'studies.db').as_posix()}"
 
 
-class _Table:
-    """A TOML table that remembers which keys were read, to name the ones that were not."""
-
-    def __init__(self, data: dict, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where} must be a table")
-        self.data, self.where, self.seen = data, where, set()
-
-    def get(self, key: str, default: Any = None, kind: type | tuple[type, ...] | None = None) -> Any:
-        self.seen.add(key)
-        value = self.data.get(key, default)
-        if kind is not None and key in self.data and not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise ConfigError(f"{self.where}.{key} must be a {names}, got {value!r}")
-        return value
-
-    def require(self, key: str, kind: type | tuple[type, ...] | None = None) -> Any:
-        if key not in self.data:
-            raise ConfigError(f"{self.where}.{key} is missing")
-        return self.get(key, kind=kind)
-
-    def done(self) -> None:
-        extra = set(self.data) - self.seen
-        if extra:
-            raise ConfigError(f"{self.where}: unknown key(s) {', '.join(sorted(extra))}; see 'Writing a study' in the README")
-
-
-def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """A TOML file's tables, or a ConfigError that names the file and what is wrong."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist")
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+_SEE = "see 'Writing a study' in the README"
 
 
 def load_study(path: str | Path, *, default_platform: str | None = None) -> StudyDefinition:
     p = Path(path)
-    data = read_toml(p, "study file")
-    unknown = set(data) - _TOP
-    if unknown:
-        raise ConfigError(f"{p}: unknown key(s) {', '.join(sorted(unknown))}; see 'Writing a study' in the README")
+    top = Table.of_file(p, "study file", see=_SEE)
+    top.only(_TOP)
     where = p.name
-    name = data.get("name") or p.stem
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(name)):
+    name = top.string("name", p.stem) or p.stem
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ConfigError(f"{where}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
 
-    eng = _Table(data.get("engine", {}), f"{where} [engine]")
-    model = eng.require("model", str)
-    command = EngineCommand.parse_command(eng.get("command", "vllm serve", str))
-    platform = eng.get("platform", default_platform or "cuda", str)
-    if platform not in ("cuda", "cpu"):
-        raise ConfigError(f"{where} [engine].platform must be 'cuda' or 'cpu', got {platform!r}")
-    args = eng.get("args", {}, dict)
-    env = {str(k): str(v) for k, v in eng.get("env", {}, dict).items()}
-    engine = EngineCommand(model=model, command=command, host=eng.get("host", "127.0.0.1", str),
-                           port=eng.get("port", 8100, int),
-                           allow_trust_remote_code=eng.get("allow_trust_remote_code", False, bool),
+    eng = top.table("engine")
+    model = eng.string("model")
+    platform = eng.string("platform", default_platform or "cuda", choices=("cuda", "cpu"))
+    args, env = eng.table("args"), eng.table("env")
+    engine = EngineCommand(model=model, command=_command(eng), host=eng.string("host", "127.0.0.1"),
+                           port=eng.integer("port", 8100, at_least=1, at_most=65535),
+                           allow_trust_remote_code=eng.boolean("allow_trust_remote_code", False),
                            # on a CPU host the engine and the replay client share the cores: the client goes first
-                           nice=eng.get("nice", 10 if platform == "cpu" else 0, int),
-                           kind=eng.get("kind", "", str))
-    engine.engine_kind  # an unknown kind is an error now, not at the first trial
-    startup = parse_duration(eng.get("startup_timeout", 900), f"{where} [engine].startup_timeout")
-    gpus = _gpus(eng.get("gpu", None, dict), f"{where} [engine.gpu]")
+                           nice=eng.integer("nice", 10 if platform == "cpu" else 0, at_least=-20, at_most=19),
+                           kind=eng.string("kind", ""))
+    kind = engine.engine_kind  # an unknown kind is an error now, not at the first trial
+    startup = eng.duration("startup_timeout", 900.0, above=0)
+    gpus = _gpus(eng.table("gpu")) if "gpu" in eng else None
+    secret_env = tuple(eng.strings("secret_env", []))
     eng.done()
+    fixed = EngineArgs(dict(args.data), {key: env.text(key) for key in env.keys()})
+    for key, value in fixed.values.items():
+        check_range(kind, key, value, args.name(key))
 
     params = None
-    if "space" in data:
-        params = tuple(Param.from_table(k, v, f"{where} [space].{k}")
-                       for k, v in _Table(data["space"], f"{where} [space]").data.items())
+    if "space" in top:
+        space = top.table("space")
+        if not space.keys():
+            raise ConfigError(f"{space.where} is empty, so it would search nothing: name a parameter, "
+                              "or leave [space] out to search the engine's default space")
+        params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space.keys())
 
-    wl = _Table(data.get("workload", {}), f"{where} [workload]")
-    overrides = {}
-    for key in ("prompt_tokens", "output_tokens", "prefix_tokens"):
-        if key in wl.data:
-            rng = wl.get(key, kind=(list, int))
-            rng = [rng, rng] if isinstance(rng, int) else rng
-            if len(rng) != 2 or not all(isinstance(x, int) for x in rng):
-                raise ConfigError(f"{where} [workload].{key} must be N or [low, high]")
-            overrides[key] = tuple(rng)
-    for key in ("prefix_groups",):
-        if key in wl.data:
-            overrides[key] = wl.get(key, kind=int)
-    trace = wl.get("trace", None, str)
+    wl = top.table("workload")
+    overrides: dict[str, object] = {key: _token_range(wl, key)
+                                    for key in ("prompt_tokens", "output_tokens", "prefix_tokens") if key in wl}
+    if "prefix_groups" in wl:
+        overrides["prefix_groups"] = wl.integer("prefix_groups", at_least=1)
+    trace = wl.string("trace", None)
     workload = WorkloadSpec(
-        trace=(p.parent / trace) if trace else None, scenario=wl.get("scenario", None, str),
-        rate=wl.get("rate", None, (int, float)), num_requests=wl.get("requests", 200, int),
-        burstiness=float(wl.get("burstiness", 1.0, (int, float))), seed=wl.get("seed", 0, int),
-        overrides=overrides, api=wl.get("api", None, str),
-        tokenizer=_tokenizer(wl.get("tokenizer", None, str), args, model),
+        trace=(p.parent / trace) if trace else None, scenario=wl.string("scenario", None),
+        rate=wl.number("rate", None, above=0), num_requests=wl.integer("requests", 200, at_least=1),
+        burstiness=wl.number("burstiness", 1.0, above=0), seed=wl.integer("seed", 0), overrides=overrides,
+        api=wl.string("api", None, choices=("completion", "chat")),
+        tokenizer=_tokenizer(wl.string("tokenizer", None), fixed.values, model),
     )
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
         raise ConfigError(f"{where} [workload]: give either trace = FILE or scenario = NAME")
 
-    slos = parse_slos(data.get("slos", []))
+    slos = read_slos(top)
 
-    obj = _Table(data.get("objective", {}), f"{where} [objective]")
-    objective = Objective(kind=obj.get("kind", "capacity", str), start_load=float(obj.get("start_load", 1.0, (int, float))),
-                          max_steps=obj.get("max_steps", 4, int), resolution=float(obj.get("resolution", 1.25, (int, float))),
-                          step_seconds=parse_duration(obj.data["step_duration"], f"{where} [objective].step_duration")
-                          if "step_duration" in obj.data else None)
-    obj.seen.add("step_duration")
+    obj = top.table("objective")
+    objective = Objective(kind=obj.string("kind", "capacity", choices=SCORING_KINDS),
+                          start_load=obj.number("start_load", 1.0, above=0),
+                          max_steps=obj.integer("max_steps", 4, at_least=1),
+                          resolution=obj.number("resolution", 1.25, above=1),
+                          step_seconds=obj.duration("step_duration", None, above=0))
     obj.done()
-    if objective.kind not in SCORING_KINDS:
-        raise ConfigError(f"{where} [objective].kind must be {' or '.join(repr(k) for k in SCORING_KINDS)}, "
-                          f"got {objective.kind!r}")
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")
 
-    bud = _Table(data.get("budget", {}), f"{where} [budget]")
-    budget = Budget(trials=bud.get("trials", 20, int),
-                    timeout_s=parse_duration(bud.data["timeout"], f"{where} [budget].timeout") if "timeout" in bud.data else None)
-    bud.seen.add("timeout")
+    bud = top.table("budget")
+    budget = Budget(trials=bud.integer("trials", 20, at_least=1), timeout_s=bud.duration("timeout", None, above=0))
     bud.done()
 
-    bl = _Table(data.get("baselines", {}), f"{where} [baselines]")
-    given = bl.get("builtin", None, list)
-    builtin = tuple(given) if given is not None else None
-    extra = []
-    for item in bl.get("extra", [], list):
-        if not isinstance(item, dict) or "name" not in item or not isinstance(item.get("values"), dict):
-            raise ConfigError(f"{where} [baselines].extra entries are {{ name = ..., values = {{ ... }} }}")
-        extra.append(Baseline(str(item["name"]), dict(item["values"])))
-    if "production" in bl.data:
-        extra.insert(0, Baseline("production", dict(bl.get("production", kind=dict))))
+    bl = top.table("baselines")
+    builtin = check_builtin(kind, bl.strings("builtin"), bl.name("builtin")) if "builtin" in bl else None
+    baselines = _baselines(bl, params if params is not None else default_space(kind, platform), kind)
     bl.done()
 
-    rm = _Table(data.get("remeasure", {}), f"{where} [remeasure]")
-    top, repeats = rm.get("top", 2, int), rm.get("repeats", 3, int)
+    rm = top.table("remeasure")
+    top_n, repeats = rm.integer("top", 2, at_least=0), rm.integer("repeats", 3, at_least=1)
     rm.done()
 
-    sampler = data.get("sampler", "tpe")
-    if sampler not in ("tpe", "random", "gp"):
-        raise ConfigError(f"{where}: sampler must be 'tpe', 'random' or 'gp', got {sampler!r}")
     d = StudyDefinition(
-        name=str(name), command=engine, fixed=EngineArgs(dict(args), env), params=params, platform=platform,
-        workload=workload, slos=slos, objective=objective, budget=budget, storage=str(data.get("storage", "")),
-        sampler=sampler, seed=data.get("seed"), baselines=tuple(extra), builtin_baselines=builtin,
-        precheck=bool(data.get("precheck", True)), remeasure_top=top, remeasure_repeats=repeats,
-        startup_timeout_s=startup, runs_dir=Path(data.get("runs_dir", "runs")), source=p, gpus=gpus,
-        heartbeat_s=parse_duration(data.get("heartbeat", 60), f"{where} heartbeat"),
+        name=name, command=engine, fixed=fixed, params=params, platform=platform, workload=workload, slos=slos,
+        objective=objective, budget=budget, storage=top.string("storage", ""),
+        sampler=top.string("sampler", "tpe", choices=("tpe", "random", "gp")), seed=top.integer("seed", None),
+        baselines=baselines, builtin_baselines=builtin, precheck=top.boolean("precheck", True),
+        remeasure_top=top_n, remeasure_repeats=repeats, startup_timeout_s=startup,
+        runs_dir=Path(top.string("runs_dir", "runs")), source=p, gpus=gpus,
+        heartbeat_s=top.duration("heartbeat", 60.0, above=0), secret_env=secret_env,
     )
     return d.with_overrides()
+
+
+def read_slos(t: Table) -> list[SLO]:
+    """A file's ``slos = ["ttft<800ms", ...]`` (study and daemon files alike), errors naming the file."""
+    texts = t.strings("slos", [])
+    try:
+        return parse_slos(texts)
+    except SLOSyntaxError as e:
+        raise SLOSyntaxError(f"{t.name('slos')}: {e}") from None
+
+
+def _command(eng: Table) -> tuple[str, ...]:
+    text = eng.string("command", "vllm serve")
+    try:
+        return EngineCommand.parse_command(text)
+    except ValueError as e:  # shlex: an unbalanced quote or a trailing backslash
+        raise ConfigError(f"{eng.name('command')} must split like a shell line, got {show(text)} "
+                          f"({str(e).lower()})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{eng.name('command')}: {e}") from None
+
+
+def _token_range(wl: Table, key: str) -> tuple[int, int]:
+    """``prompt_tokens = 128`` or ``[64, 256]``."""
+    value = wl.value(key)
+    pair = [value, value] if not isinstance(value, list) else value
+    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair) \
+            or not 0 <= pair[0] <= pair[1]:
+        raise wl.wrong(key, "N or [low, high] with 0 <= low <= high")
+    return pair[0], pair[1]
+
+
+def _baselines(bl: Table, searched: tuple[Param, ...], kind: EngineKind) -> tuple[Baseline, ...]:
+    """``production = { ... }`` and ``extra = [{ name = ..., values = { ... } }]``, each value checked now
+    against the parameter it sets (the space's, else the engine's default space) and the engine's ranges."""
+    entries = bl.value("extra", [])
+    if not isinstance(entries, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str)
+                                                and isinstance(x.get("values"), dict) for x in entries):
+        raise ConfigError(f"{bl.name('extra')} entries are {{ name = ..., values = {{ ... }} }}")
+    named = [(f"{bl.name('extra')}[{i}].values", Baseline(x["name"], dict(x["values"]))) for i, x in enumerate(entries)]
+    if "production" in bl:
+        named.insert(0, (bl.name("production"), Baseline("production", dict(bl.table("production").data))))
+    params = {q.name: q for q in searched}
+    for where, b in named:
+        for key, value in b.values.items():
+            if key in params and (expected := params[key].expects(value)) is not None:
+                raise ConfigError(f"{where}.{key} must be {expected}, got {show(value)}")
+            check_range(kind, key, value, f"{where}.{key}")
+    return tuple(b for _, b in named)
 
 
 def _tokenizer(given: str | None, engine_args: dict[str, Any], model: str) -> Path | None:
@@ -262,21 +260,18 @@ def _tokenizer(given: str | None, engine_args: dict[str, Any], model: str) -> Pa
     return None
 
 
-def _gpus(spec: dict | None, where: str) -> tuple[GpuInfo, ...] | None:
+def _gpus(t: Table) -> tuple[GpuInfo, ...]:
     """``[engine.gpu] name = "NVIDIA H100 80GB HBM3", memory = "79.6GiB", count = 1``: for an engine on
     devices NVML on this host cannot see (vllm-sim, a remote staging host)."""
-    if spec is None:
-        return None
-    t = _Table(spec, where)
-    name = t.require("name", str)
-    try:
-        memory = parse_bytes(t.require("memory", (str, int)))
-    except ValueError:
-        raise ConfigError(f"{where}.memory must be a size like \"80GiB\" or a number of bytes") from None
-    count = t.get("count", 1, int)
+    name = t.string("name")
+    given, memory = t.value("memory"), 0
+    if isinstance(given, str) or (isinstance(given, int) and not isinstance(given, bool)):
+        with contextlib.suppress(ValueError):
+            memory = parse_bytes(given)
+    if memory <= 0:
+        raise t.wrong("memory", "a size like \"80GiB\" or a number of bytes")
+    count = t.integer("count", 1, at_least=1)
     t.done()
-    if count < 1 or memory <= 0:
-        raise ConfigError(f"{where}: count and memory must be positive")
     return tuple(GpuInfo(i, name, memory, memory) for i in range(count))
 
 

@@ -13,12 +13,17 @@ from autotune.study.definition import StudyDefinition
 from autotune.engine.model import ModelShape
 from autotune.study.records import Attr
 from autotune.study.runner import build_space, devices_of, make_sampler
+from autotune.workload.source import check as check_workload
 
 __all__ = ["dry_run"]
 
 
 def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, Any]]:
-    """Baselines first, then sampled trials, as the real study would order them (in-memory, no storage)."""
+    """Baselines first, then sampled trials, as the real study would order them (in-memory, no storage).
+
+    The workload is checked first (the trace read, a few prompts built): a study that would fail
+    at its first trial fails here."""
+    check_workload(d.workload)
     space = build_space(d)
     shape = ModelShape.from_dir(d.command.model)
     devices = devices_of(d)
@@ -31,7 +36,8 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
         trial = study.ask()
         values = space.sample(trial)
         args = space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
-        line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.env)}
+        line: dict[str, Any] = {"argv": d.command.argv(args, table),
+                                "env": dict(args.redacted(d.secret_env).env)}
         if trial.user_attrs.get(Attr.BASELINE):
             line["baseline"] = trial.user_attrs[Attr.BASELINE]
         if d.precheck and shape is not None and (reason := space.engine.precheck(shape, args, d.platform, memory)) is not None:

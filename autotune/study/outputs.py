@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.engine.kind import EngineKind
+from autotune.engine.secrets import REDACTED, redact
+from autotune.locations import atomic_write
 from autotune.study.records import StudyResult, TrialRecord
 
 __all__ = ["Row", "comparison", "write_best"]
@@ -41,14 +44,17 @@ def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:
     return rows
 
 
-def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path) -> dict[str, Path]:
+def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path,
+               real_env: Mapping[str, str] | None = None) -> dict[str, Path]:
     """The engine's config file (vLLM: best.yaml for `vllm serve --config`; env vars as comments: YAML
-    configs cannot set them), best-command.sh (exactly what was measured) and best.json."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    configs cannot set them), best-command.sh (exactly what was measured) and best.json, each 0600.
+
+    Secrets are redacted in the trial's record; best-command.sh must run, so it gets their real values
+    from ``real_env`` (the study's [engine.env]), else reads them from the environment it runs in."""
     paths: dict[str, Path] = {}
     args = t.engine_args
     values = engine.production_values(args.values)
-    env = dict(args.env)
+    env = redact(args.env)  # a record from before secrets were redacted
     if engine.config_file is not None:
         header = [f"autotune: best config of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
                   f"run: {engine.config_usage} {engine.config_file}"]
@@ -57,13 +63,21 @@ def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path) ->
         if env:
             header.append("with environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
         paths["config"] = out_dir / engine.config_file
-        paths["config"].write_text(engine.render_config(model, values, header))
+        atomic_write(paths["config"], engine.render_config(model, values, header))
     argv = t.argv  # exactly what was measured (staging host, port and load format)
-    env_prefix = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " if env else ""
+    run_env = args.revealed(real_env or {}).env
+    env_prefix = "env " + " ".join(f"{k}={_shell_value(k, v)}" for k, v in run_env.items()) + " " if run_env else ""
     paths["command"] = out_dir / "best-command.sh"
-    paths["command"].write_text(f"#!/bin/sh\n# autotune: trial {t.number}, as measured\n"
-                                f"exec {env_prefix}{shlex.join(argv)}\n")
+    atomic_write(paths["command"], f"#!/bin/sh\n# autotune: trial {t.number}, as measured\n"
+                                   f"exec {env_prefix}{shlex.join(argv)}\n")
     paths["json"] = out_dir / "best.json"
-    paths["json"].write_text(json.dumps({"trial": t.number, "argv": argv, "env": env, "values": values,
-                                         "capacity_rps": t.capacity_rps}, indent=2) + "\n")
+    atomic_write(paths["json"], json.dumps({"trial": t.number, "argv": argv, "env": env, "values": values,
+                                            "capacity_rps": t.capacity_rps}, indent=2) + "\n")
     return paths
+
+
+def _shell_value(name: str, value: str) -> str:
+    """A value for the shell; a secret whose value is not known here comes from the caller's environment."""
+    if value == REDACTED and name.isidentifier():
+        return f'"${{{name}:?is not stored by autotune: export it}}"'
+    return shlex.quote(value)

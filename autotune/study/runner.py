@@ -93,12 +93,37 @@ def storage_of(d: StudyDefinition) -> str | optuna.storages.BaseStorage:
     (host lost, killed -9) goes stale after the grace period, is failed by the next worker that
     looks, and retried once on another host with the same params."""
     if not shared_storage(d):
-        Path(d.storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        db = Path(d.storage[len("sqlite:///"):].partition("?")[0])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        _owner_only(db)
         return d.storage
-    return optuna.storages.RDBStorage(
-        d.storage, heartbeat_interval=max(1, int(d.heartbeat_s)), grace_period=max(2, int(3 * d.heartbeat_s)),
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-    )
+    import sqlalchemy.exc
+
+    def connect() -> optuna.storages.RDBStorage:
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5, and what several hosts need
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                d.storage, heartbeat_interval=max(1, int(d.heartbeat_s)), grace_period=max(2, int(3 * d.heartbeat_s)),
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+            )
+
+    for delay in (0.5, 1.0, 2.0, 4.0):
+        try:
+            return connect()
+        except sqlalchemy.exc.IntegrityError:  # hosts starting together race to create Optuna's schema
+            time.sleep(delay)
+    return connect()
+
+
+def _owner_only(db: Path) -> None:
+    """The study database (every trial's config, failure texts) is 0600: created so before Optuna opens
+    it (SQLite gives its journal the database's mode), and one an earlier autotune made 0644 is fixed."""
+    if db.name in ("", ":memory:"):
+        return
+    if not db.exists():
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
+    if db.stat().st_uid == os.getuid():  # another user's database is its owner's to protect
+        os.chmod(db, 0o600)
 
 
 def open_study(d: StudyDefinition) -> optuna.Study:
@@ -139,23 +164,49 @@ class StudyRun:
         p.mkdir(parents=True, exist_ok=True)
         return p
 
+    @property
+    def worker(self) -> str:
+        """Who runs a trial: this host and process (several hosts may share a study)."""
+        return f"{self.host}:{os.getpid()}"
+
+    def interrupted_trial(self, study: optuna.Study) -> int | None:
+        """The trial this process was in when a signal stopped it (None: between trials), failed if still RUNNING.
+
+        Optuna fails a trial that a KeyboardInterrupt leaves; one the signal caught inside Optuna's own
+        bookkeeping is failed here (or by the next run's ``prepare``).
+        """
+        mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(Attr.WORKER) == self.worker]
+        last = max(mine, key=lambda t: t.number, default=None)
+        if last is None or last.state not in (TrialState.FAIL, TrialState.RUNNING):
+            return None
+        if last.state is TrialState.RUNNING:
+            try:
+                study.tell(last.number, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):
+                pass  # still RUNNING: the next run's prepare fails it
+        return last.number
+
     # -- set-up --------------------------------------------------------------------------
 
     def prepare(self, study: optuna.Study) -> None:
-        """Fail what a dead process left RUNNING (single host), enqueue the baselines not yet run.
+        """Fail what a dead process left RUNNING (single host), saying so, and enqueue the baselines not yet run.
 
         On a shared database a RUNNING trial may be another host's, alive: heartbeats decide there.
         """
         if not shared_storage(self.d):
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 study.tell(t.number, state=TrialState.FAIL)
+                self.show(f"trial {t.number} was left running by an autotune run that died; marked failed")
         live = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING}
         done = {t.user_attrs.get(Attr.BASELINE) for t in study.get_trials(deepcopy=False) if t.state in live}
         extra = [(b.name, b.values) for b in self.d.baselines]
+        # a bad flag (or trust_remote_code by any spelling) in the space or a baseline is an error now,
+        # before any engine starts, not a failed trial
+        self.d.command.argv(self.space.engine_args(self.space.complete({})), self.table)
         for b in baseline_points(self.space, self.d.builtin_baselines, extra):
             if b.name in done:
                 continue
-            self.space.engine_args(b.params, b.extra_args)  # a bad baseline is an error now, not a failed trial
+            self.d.command.argv(self.space.engine_args(b.params, b.extra_args), self.table)
             study.enqueue_trial(b.params, user_attrs={Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args,
                                                       Attr.BASELINE_NOTES: list(b.notes)})
         if shared_storage(self.d):
@@ -189,11 +240,12 @@ class StudyRun:
         args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
         label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+        shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         trial.set_user_attr(Attr.ARGV, argv)
-        trial.set_user_attr(Attr.ENV, dict(args.env))
-        trial.set_user_attr(Attr.ENGINE_ARGS, args.to_json())
+        trial.set_user_attr(Attr.ENV, dict(shown.env))
+        trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
         trial.set_user_attr(Attr.HOST, self.host)
-        trial.set_user_attr(Attr.WORKER, f"{self.host}:{os.getpid()}")
+        trial.set_user_attr(Attr.WORKER, self.worker)
         trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
 
@@ -304,7 +356,7 @@ class StudyRun:
             return None
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
-        cands = [Candidate(label, r.number, r.engine_args) for label, r in picks]
+        cands = [Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env)) for label, r in picks]
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")

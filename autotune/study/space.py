@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from autotune.configfile import Table, show
 from autotune.engine.args import EngineArgs, Value
 from autotune.engine.kind import EngineKind, get_kind
 from autotune.errors import ConfigError
 
-__all__ = ["Param", "Space", "default_space", "Suggest"]
+__all__ = ["Param", "Space", "default_space", "Suggest", "check_range"]
 
 _KINDS = ("int", "float", "bool", "categorical")
 
@@ -46,9 +47,10 @@ class Param:
     choices: tuple[Value, ...] = ()
     env: bool = False  # an environment variable instead of a flag
     when: str | None = None  # sampled only when this bool parameter is true
+    origin: str = field(default="", compare=False, repr=False)  # how messages name it: "s.toml [space].x"
 
     def __post_init__(self) -> None:
-        where = f"space parameter {self.name!r}"
+        where = self.origin or f"space parameter {self.name!r}"
         if self.kind not in _KINDS:
             raise ConfigError(f"{where}: type must be one of {', '.join(_KINDS)}, got {self.kind!r}")
         if self.kind in ("int", "float"):
@@ -62,24 +64,34 @@ class Param:
             raise ConfigError(f"{where}: a categorical needs choices")
 
     @classmethod
-    def from_table(cls, name: str, spec: Any, where: str) -> Param:
-        """A parameter from a study's ``[space]`` entry: ``{ type = "int", low = 8, high = 256, default = 128 }``."""
+    def from_table(cls, name: str, spec: Any, where: str, engine: EngineKind | None = None) -> Param:
+        """A parameter from a study's ``[space]`` entry: ``{ type = "int", low = 8, high = 256, default = 128 }``.
+
+        With ``engine``, each value written is checked against its ranges too (``EngineKind.out_of_range``).
+        """
         if not isinstance(spec, dict):
             raise ConfigError(f"{where} must be a table like {{ type = \"int\", low = 8, high = 256, default = 128 }}")
-        known = {"type", "default", "low", "high", "step", "log", "choices", "env", "when"}
-        extra = set(spec) - known
-        if extra:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; see 'Writing a study' in the README")
-        for key in ("type", "default"):
-            if key not in spec:
-                raise ConfigError(f"{where}.{key} is missing")
-        for key, kind in (("type", str), ("log", bool), ("choices", list), ("env", bool), ("when", str)):
-            if key in spec and not isinstance(spec[key], kind):
-                raise ConfigError(f"{where}.{key} must be a {kind.__name__}, got {spec[key]!r}")
-        p = cls(name=name, kind=spec["type"], default=spec["default"], low=spec.get("low"), high=spec.get("high"),
-                step=spec.get("step"), log=spec.get("log", False), choices=tuple(spec.get("choices", [])),
-                env=spec.get("env", False), when=spec.get("when"))
-        p.check(p.default)
+        t = Table(spec, where, see="see 'Writing a study' in the README")
+        t.only(("type", "default", "low", "high", "step", "log", "choices", "env", "when"))
+        kind = t.string("type", choices=_KINDS)
+        default = t.value("default")
+        if kind == "int":
+            low, high, step = t.integer("low", None), t.integer("high", None), t.integer("step", None, at_least=1)
+        else:
+            low, high, step = t.number("low", None), t.number("high", None), t.number("step", None, above=0)
+        choices = t.value("choices", [])
+        if not isinstance(choices, list) or not all(isinstance(c, (str, int, float)) for c in choices):
+            raise t.wrong("choices", "a list of strings, numbers or booleans")
+        p = cls(name=name, kind=kind, default=default, low=low, high=high, step=step, log=t.boolean("log", False),
+                choices=tuple(choices), env=t.boolean("env", False), when=t.string("when", None), origin=where)
+        try:
+            p.check(p.default)
+        except ConfigError as e:
+            raise ConfigError(f"{t.name('default')}: {e}") from None
+        if engine is not None:
+            given = [(key, spec[key]) for key in ("low", "high", "default") if key in spec]
+            for label, value in [*given, *(("choices", c) for c in choices)]:
+                check_range(engine, name, value, t.name(label))
         return p
 
     def sample(self, trial: Suggest) -> Value:
@@ -91,19 +103,25 @@ class Param:
             return trial.suggest_categorical(self.name, (False, True))
         return trial.suggest_categorical(self.name, self.choices)
 
-    def check(self, value: Value) -> Value:
-        """A given value (a baseline's), checked against the parameter's range."""
-        where = f"value {value!r} for {self.name!r}"
+    def expects(self, value: Any) -> str | None:
+        """What a value of this parameter is, when ``value`` is not of its type (None: it is)."""
         if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: expected true or false")
+            return None if isinstance(value, bool) else "true or false"
+        if self.kind in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return "a number"
+        return None
+
+    def check(self, value: Value) -> Value:
+        """A given value (a baseline's), checked against the parameter's type and range."""
+        where = f"value {value!r} for {self.name!r}"
+        if (expected := self.expects(value)) is not None:
+            raise ConfigError(f"{where}: expected {expected}")
+        if self.kind == "bool":
             return value
         if self.kind == "categorical":
             if value not in self.choices:
                 raise ConfigError(f"{where}: not one of {list(self.choices)}")
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number")
         if not self.low <= value <= self.high:
             raise ConfigError(f"{where}: outside {self.low}..{self.high}")
         return int(value) if self.kind == "int" else float(value)
@@ -172,4 +190,12 @@ def default_space(engine: EngineKind, platform: str, gpu_memory_gib: float = 0.0
                   gpu_name: str = "") -> tuple[Param, ...]:
     """The engine kind's default space for the platform and GPU (each default the engine's own)."""
     table = engine.default_space(platform, gpu_memory_gib, gpu_name)
-    return tuple(Param.from_table(name, spec, f"{engine.name} default space: {name}") for name, spec in table.items())
+    return tuple(Param.from_table(name, spec, f"{engine.name} default space: {name}", engine)
+                 for name, spec in table.items())
+
+
+def check_range(engine: EngineKind, key: str, value: Any, where: str) -> None:
+    """A ConfigError naming ``where`` when ``value`` is one ``engine`` never takes for ``key``."""
+    expected = engine.out_of_range(key, value)
+    if expected is not None:
+        raise ConfigError(f"{where} must be {expected}, got {show(value)}")

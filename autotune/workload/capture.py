@@ -47,6 +47,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from autotune.errors import ConfigError
 from autotune.workload.trace import Api, Request
 
 __all__ = ["DEFAULT_HOST", "CaptureProxy", "CaptureStats", "TraceWriter", "run_capture", "serve_capture"]
@@ -143,6 +144,11 @@ class TraceWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ConfigError(f"the trace file {self.path} is a directory; give a file name in it")
+        if not self.path.parent.is_dir():
+            raise ConfigError(f"cannot write the trace {self.path}: its directory {self.path.parent} does not exist; "
+                              "create it first")
         self.offset = self._resume()
         self._f: IO[str] = self.path.open("a", encoding="utf-8")
         self._t0: float | None = None
@@ -186,6 +192,13 @@ class CaptureProxy:
     """The recording reverse proxy (an aiohttp application plus the client session it forwards with)."""
 
     def __init__(self, upstream_url: str, out_path: str | Path, *, with_prompts: bool = False) -> None:
+        try:
+            url = URL(upstream_url)
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(f"the upstream must be production's base URL, e.g. http://127.0.0.1:8000, "
+                              f"got {upstream_url!r}")
         self.upstream = upstream_url.rstrip("/")
         self.with_prompts = with_prompts
         self.writer = TraceWriter(out_path)

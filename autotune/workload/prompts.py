@@ -30,7 +30,11 @@ class Tokenizer:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as e:  # pragma: no cover
             raise ConfigError("building prompts needs the tokenizers package: pip install 'autotune[tokenizer]'") from e
-        self._tok = _HFTokenizer.from_file(str(path))
+        try:
+            self._tok = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library's one error type for a file it cannot read: a bare Exception
+            raise ConfigError(f"{path} is not a tokenizer the tokenizers library reads ({e}); pass the model "
+                              "directory that holds its tokenizer.json") from e
         self.path = path
 
     def encode(self, text: str) -> list[int]:
@@ -68,6 +72,8 @@ class PromptBuilder:
                 words.append(i)
         if len(words) < 50:  # an unusual vocabulary: fall back to any token
             words = sorted(self.tok.vocab.values())
+        if not words:
+            raise ConfigError(f"the tokenizer {self.tok.path} has an empty vocabulary: prompts cannot be built with it")
         self._words = np.asarray(sorted(words))
 
     def text(self, n_tokens: int, seed: str | int, separator: str = "") -> str:
@@ -114,4 +120,4 @@ def materialize(workload: Workload, builder: PromptBuilder, seed: int = 0) -> Wo
         else:
             prompt = r.prompt
         out.append(replace(r, prompt=prompt, prefix=prefix))
-    return Workload(tuple(out), workload.name)
+    return replace(workload, requests=tuple(out))

@@ -14,9 +14,9 @@ from pathlib import Path
 from autotune.errors import ConfigError
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
-from autotune.workload.trace import Workload, read_workload
+from autotune.workload.trace import MAX_TOKENS, Workload, read_workload
 
-__all__ = ["WorkloadSpec", "load", "parse_range", "LoadSteps"]
+__all__ = ["WorkloadSpec", "load", "check", "parse_range", "LoadSteps"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,28 @@ class WorkloadSpec:
     output_tokens: int | None = None  # fix every output length
     tokenizer: Path | None = None  # a model directory or tokenizer.json
 
+    def __post_init__(self) -> None:
+        """Numbers no workload can be made with are errors here, before anything is read or started.
+
+        The messages name the command-line flag and the study file's key: a spec comes from either.
+        """
+        if self.rate is not None and not self.rate > 0:  # inf is allowed: every request at once
+            raise ConfigError(f"the request rate (--rate, [workload].rate) must be positive, got {self.rate}")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ConfigError("burstiness (--burstiness, [workload].burstiness) must be a positive number "
+                              f"(1: Poisson arrivals, below 1: burstier), got {self.burstiness}")
+        if self.num_requests < 0:
+            raise ConfigError(f"the number of requests must be 0 (all of a trace) or more, got {self.num_requests}")
+        if self.seed < 0:
+            raise ConfigError(f"the seed (--seed, [workload].seed) must be 0 or more, got {self.seed}")
+        if self.scenario is not None and self.scenario not in SCENARIOS:
+            raise ConfigError(f"unknown scenario {self.scenario!r}; choose one of {', '.join(SCENARIOS)}")
+        if self.output_tokens is not None and not 1 <= self.output_tokens <= MAX_TOKENS:
+            raise ConfigError(f"a fixed output length must be from 1 to {MAX_TOKENS} tokens, got {self.output_tokens}")
+        for name, value in self.overrides.items():
+            if isinstance(value, tuple) and any(x > MAX_TOKENS for x in value):
+                raise ConfigError(f"the workload's {name} go up to {MAX_TOKENS} tokens, got {value[0]}-{value[1]}")
+
 
 def parse_range(text: str, what: str) -> tuple[int, int]:
     """'128' -> (128, 128); '64-256' -> (64, 256)."""
@@ -42,6 +64,8 @@ def parse_range(text: str, what: str) -> tuple[int, int]:
         raise ConfigError(f"{what} must be a number or a range like 64-256, got {text!r}") from None
     if a > b or a < 0:
         raise ConfigError(f"{what} range {text!r} must be low-high with 0 <= low <= high")
+    if b > MAX_TOKENS:
+        raise ConfigError(f"{what} goes up to {MAX_TOKENS} tokens, got {text!r}")
     return a, b
 
 
@@ -58,6 +82,9 @@ class LoadSteps:
     def __init__(self, spec: WorkloadSpec, duration_s: float | None = None) -> None:
         self.spec = spec
         self.base = load(spec)
+        if not math.isfinite(self.base.rate):
+            raise ConfigError(f"every request of workload {self.base.name!r} arrives at once: the load steps up from "
+                              "its rate, so give the requests arrival times over a span, or a finite rate")
         self.duration_s = duration_s or max(self.base.span_s, 1.0)
         self._cache: dict[float, Workload] = {}
 
@@ -83,6 +110,11 @@ class LoadSteps:
         return Workload(tuple(reqs[:n]), self.base.name)
 
 
+def check(spec: WorkloadSpec) -> None:
+    """Fail as ``load`` would, cheaply: the whole trace is read and checked, a few prompts built."""
+    load(replace(spec, num_requests=min(spec.num_requests or 4, 4)))
+
+
 def load(spec: WorkloadSpec) -> Workload:
     if (spec.trace is None) == (spec.scenario is None):
         raise ConfigError("give a workload: either a trace file (--workload FILE) or a scenario (--scenario chat)")
@@ -94,8 +126,6 @@ def load(spec: WorkloadSpec) -> Workload:
             api=spec.api, limit=spec.num_requests if spec.num_requests else None,
         )
     else:
-        if spec.scenario not in SCENARIOS:
-            raise ConfigError(f"unknown scenario {spec.scenario!r}; choose one of {', '.join(SCENARIOS)}")
         if spec.rate is None:
             raise ConfigError("a synthetic workload needs a request rate, e.g. --rate 4")
         overrides = dict(spec.overrides)

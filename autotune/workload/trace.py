@@ -17,6 +17,11 @@ autotune's trace format is JSON Lines, one request per line, ordered by arrival:
 Also read: ``vllm bench serve``'s custom JSONL (``{"prompt": ..., "output_tokens": ...}``, no
 arrival times) and ShareGPT JSON (a list of ``{"conversations": [{"from", "value"}, ...]}``).
 Files without arrival times get them from ``with_arrivals`` (Poisson or gamma at a rate).
+
+A ShareGPT conversation gives one request: its first user turn (``human`` or ``user``) that the
+model answers (``gpt`` or ``assistant``) in the next turn; system turns are context, never the
+prompt. Conversations without such an exchange (a question left unanswered, only the model
+speaking) or with an empty one are skipped, and ``Workload.skipped`` counts them.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ __all__ = [
     "write_trace",
     "with_arrivals",
     "gamma_arrivals",
+    "MAX_TOKENS",
 ]
 
 Api = Literal["completion", "chat"]
+MAX_TOKENS = 1 << 24  # no model reads or writes more in one request; a larger count is a mistake
 _FIELDS = {"arrival_s", "prompt", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens", "api", "prefix"}
 
 
@@ -73,6 +80,7 @@ class Request:
 class Workload:
     requests: tuple[Request, ...]
     name: str = "workload"
+    skipped: int = 0  # entries of the file read that gave no request (ShareGPT conversations without an exchange)
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -96,13 +104,10 @@ class Workload:
         if load <= 0:
             raise ValueError("load factor must be positive")
         t0 = self.requests[0].arrival_s
-        return Workload(
-            tuple(replace(r, arrival_s=(r.arrival_s - t0) / load) for r in self.requests),
-            self.name,
-        )
+        return replace(self, requests=tuple(replace(r, arrival_s=(r.arrival_s - t0) / load) for r in self.requests))
 
     def head(self, n: int) -> Workload:
-        return Workload(self.requests[:n], self.name)
+        return replace(self, requests=self.requests[:n])
 
 
 def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
@@ -148,14 +153,19 @@ def read_workload(path: str | Path, *, rate: float | None = None, burstiness: fl
     p = Path(path)
     if not p.is_file():
         raise TraceFormatError(f"workload file {str(p)!r} does not exist")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{p}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start}); "
+                               "save it as UTF-8") from e
     stripped = text.lstrip()
+    skipped = 0
     if stripped.startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceFormatError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from e
-        reqs = _read_sharegpt(data, p, count_tokens, output_tokens)
+        reqs, skipped = _read_sharegpt(data, p, count_tokens, output_tokens)
         timed = False
     else:
         rows = _jsonl_rows(text, p)
@@ -169,13 +179,14 @@ def read_workload(path: str | Path, *, rate: float | None = None, burstiness: fl
     if api is not None:
         reqs = [replace(r, api=api) for r in reqs]
     if not reqs:
-        raise TraceFormatError(f"{p}: no requests in the file")
+        raise TraceFormatError(f"{p}: no requests in the file" +
+                               (f" ({skipped} conversations skipped: {SKIPPED_WHY})" if skipped else ""))
     if timed and rate is None:
         reqs.sort(key=lambda r: r.arrival_s)
         return Workload(tuple(reqs), p.stem)
     if rate is None:
         raise TraceFormatError(f"{p} has no arrival times; give a request rate (e.g. --rate 4)")
-    return with_arrivals(reqs, rate, burstiness, seed, name=p.stem)
+    return replace(with_arrivals(reqs, rate, burstiness, seed, name=p.stem), skipped=skipped)
 
 
 def _jsonl_rows(text: str, p: Path) -> list[tuple[int, dict]]:
@@ -199,6 +210,8 @@ def _positive_int(row: dict, key: str, where: str, minimum: int = 1) -> int:
         raise TraceFormatError(f"{where}: {key} must be an integer, got {v!r}")
     if int(v) < minimum:
         raise TraceFormatError(f"{where}: {key} must be >= {minimum}, got {v}")
+    if int(v) > MAX_TOKENS:
+        raise TraceFormatError(f"{where}: {key} must be <= {MAX_TOKENS} (no model takes more), got {v}")
     return int(v)
 
 
@@ -236,30 +249,49 @@ def _request_from_row(row: dict, p: Path, n: int, timed: bool, output_tokens: in
     api = row.get("api", "completion")
     if api not in ("completion", "chat"):
         raise TraceFormatError(f"{where}: api must be 'completion' or 'chat', got {api!r}")
+    if row.get("prefix") is not None and not isinstance(row["prefix"], str):
+        raise TraceFormatError(f"{where}: prefix must be a string (the shared prefix's text)")
     return Request(arrival_s=arrival, output_tokens=out, prompt=prompt, prompt_tokens=prompt_tokens,
                    prefix_group=None if group is None else str(group), prefix_tokens=prefix_tokens,
                    prefix=row.get("prefix"), api=api)
 
 
+_ASKS = frozenset({"human", "user"})
+_ANSWERS = frozenset({"gpt", "assistant"})
+SKIPPED_WHY = "no user turn answered by the model, or an empty one"
+
+
+def _exchange(turns: list, where: str) -> tuple[str, str] | None:
+    """The first user turn the model answers in the next turn, and that answer; system turns set no prompt."""
+    spoken = []
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict) or not isinstance(turn.get("from"), str) or not isinstance(turn.get("value"), str):
+            raise TraceFormatError(f"{where}: turn {j} must be {{\"from\": ROLE, \"value\": TEXT}}")
+        if turn["from"] != "system":
+            spoken.append(turn)
+    for ask, answer in zip(spoken, spoken[1:]):
+        if ask["from"] in _ASKS and answer["from"] in _ANSWERS:
+            return ask["value"], answer["value"]
+    return None
+
+
 def _read_sharegpt(data: object, p: Path, count_tokens: TokenCounter | None,
-                   output_tokens: int | None) -> list[Request]:
+                   output_tokens: int | None) -> tuple[list[Request], int]:
+    """One request per conversation with an exchange; and how many conversations had none."""
     if not isinstance(data, list):
         raise TraceFormatError(f"{p}: ShareGPT files are a JSON list of conversations")
     if output_tokens is None and count_tokens is None:
         raise TraceFormatError(f"{p}: ShareGPT output lengths need the model's tokenizer (or a fixed output length)")
-    reqs = []
+    reqs, skipped = [], 0
     for i, entry in enumerate(data):
         turns = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(turns, list):
             raise TraceFormatError(f"{p}: entry {i} has no 'conversations' list; is this ShareGPT?")
-        if len(turns) < 2:  # a question without an answer has no output length: vLLM skips it too
+        pair = _exchange(turns, f"{p}: entry {i}")
+        # an unanswered question has no output length: vLLM's benchmark skips it too
+        out = 0 if pair is None else output_tokens if output_tokens is not None else count_tokens(pair[1])
+        if pair is None or not pair[0] or out < 1:
+            skipped += 1
             continue
-        try:
-            question, answer = str(turns[0]["value"]), str(turns[1]["value"])
-        except (KeyError, TypeError) as e:
-            raise TraceFormatError(f"{p}: entry {i}: each turn needs a 'value'") from e
-        out = output_tokens if output_tokens is not None else count_tokens(answer)
-        if out < 1 or not question:
-            continue
-        reqs.append(Request(arrival_s=0.0, output_tokens=out, prompt=question, api="chat"))
-    return reqs
+        reqs.append(Request(arrival_s=0.0, output_tokens=out, prompt=pair[0], api="chat"))
+    return reqs, skipped

@@ -45,6 +45,12 @@ class VllmKind(EngineKind):
             return "gpu_memory_utilization has no meaning on a CPU host"
         return super().unsupported(key, value, platform)
 
+    def out_of_range(self, key: str, value: Any) -> str | None:
+        # CacheConfig: the share of the device's memory vLLM may take, 0 < x <= 1
+        if key == "gpu_memory_utilization" and isinstance(value, (int, float)) and not 0 < value <= 1:
+            return "a fraction of the GPU's memory, > 0 and <= 1"
+        return None
+
     def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
                  device_memory_bytes: int | None = None) -> str | None:
         return precheck.precheck(shape, args, platform, device_memory_bytes)
@@ -52,5 +58,5 @@ class VllmKind(EngineKind):
     def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
         return config.render(model, values, header)
 
-    def parse_config(self, text: str) -> tuple[str | None, dict[str, Any]]:
-        return config.parse(text)
+    def parse_config(self, text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
+        return config.parse(text, source)

@@ -31,10 +31,17 @@ def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) ->
     return ("\n".join(lines) + "\n" if lines else "") + yaml.safe_dump(config, sort_keys=False)
 
 
-def parse(text: str) -> tuple[str | None, dict[str, Any]]:
-    """(model, values in snake case) from a config file's text."""
-    data = yaml.safe_load(text) or {}
+def parse(text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
+    """(model, values in snake case) from a config file's text; ``source`` (the file) names it in errors."""
+    where = f"{source}: " if source else ""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"{where}not valid YAML: {problem}{at}") from None
     if not isinstance(data, dict):
-        raise ConfigError("a vLLM config file is a YAML mapping of option names to values")
+        raise ConfigError(f"{where}a vLLM config file is a YAML mapping of option names to values")
     model = data.pop("model", None)
     return model, {dest_of("--" + str(k)): v for k, v in data.items()}

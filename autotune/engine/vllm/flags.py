@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from autotune.engine.flags import FlagTable
+from autotune.errors import ConfigError
 
 __all__ = ["REMOVED", "MANAGED", "DUMP_CODE", "bundled_table", "bundled_versions", "dump_flags", "engine_python",
            "table_for_command"]
@@ -65,10 +66,15 @@ def bundled_versions() -> list[str]:
 
 
 def bundled_table(version: str) -> FlagTable:
-    """The table for ``version`` (0.32.0+cpu -> 0.32); unknown versions get the newest table we have."""
+    """The table for ``version`` (0.32.0+cpu -> 0.32, v0.33.1 -> 0.33); one we have no table for is a
+    ConfigError naming those we have: checking flags against another version's table would pass flags
+    that version does not take, or refuse ones it does."""
     tables = _bundled()
-    mm = ".".join(version.split("+")[0].split(".")[:2])
-    key = mm if mm in tables else bundled_versions()[-1]
+    key = ".".join(version.strip().removeprefix("v").split("+")[0].split(".")[:2])
+    if key not in tables:
+        raise ConfigError(f"no flag table for vLLM {version!r}: autotune bundles {', '.join(bundled_versions())}; "
+                          "give one of them, or run autotune where the engine's vLLM is installed so its own "
+                          "parser is read")
     return FlagTable.from_dump(tables[key], source=f"bundled:{key}", **_VLLM)
 
 
@@ -180,10 +186,12 @@ def dump_flags(python: str, timeout: float = 300) -> dict | None:
 
 
 def table_for_command(command: list[str], version: str | None = None) -> FlagTable:
-    """The flags the vLLM behind ``command`` accepts: its own parser if we can run it, else bundled."""
+    """The flags the vLLM behind ``command`` accepts: its own parser if we can run it, else the bundled
+    table of ``version`` (default: the newest). A ``version`` we have no table for is an error either way."""
+    bundled = bundled_table(bundled_versions()[-1] if version is None else version)
     python = engine_python(command)
     if python is not None:
         dump = dump_flags(python)
         if dump is not None:
             return FlagTable.from_dump(dump, source="parser", **_VLLM)
-    return bundled_table(version or bundled_versions()[-1])
+    return bundled
