@@ -22,6 +22,7 @@ the clean-up short). An engine a signal kept from its stop anyway is stopped at 
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import enum
@@ -46,7 +47,7 @@ from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, 
 from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
 
-__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals"]
+__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals", "raise_if_interrupted"]
 
 
 class EngineState(enum.Enum):
@@ -129,7 +130,27 @@ def _on_signal(signum: int, _frame: object) -> None:
     if _Signals.received is not None:
         return  # the first one is being acted on: let its clean-up finish
     _Signals.received = signum
-    if not _Signals.sections:
+    if _Signals.sections:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        # Raised here, the exception would land in whatever callback the loop is running, and an event
+        # loop logs and swallows those (seen: aiohttp's data_received under uvloop, the replay going on).
+        # Cancel the loop's tasks instead, as asyncio.Runner does for Ctrl-C; whoever runs the loop turns
+        # the cancellation into Interrupted with raise_if_interrupted().
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.call_soon_threadsafe(lambda: None)  # wake the loop up
+        return
+    _raise_received()
+
+
+def raise_if_interrupted() -> None:
+    """Raise the Interrupted a stop signal left pending (an event loop was running when it came)."""
+    if _Signals.received is not None and not _Signals.raised:
         _raise_received()
 
 

@@ -22,6 +22,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from autotune.engine.launcher import raise_if_interrupted
 from autotune.errors import MeasurementError
 from autotune.measure.metrics import RequestResult
 from autotune.workload.eventloop import event_loop_factory
@@ -230,4 +231,8 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
 def run_replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),
                on_result: Callable[[RequestResult], None] | None = None) -> Replay:
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(replay(url, workload, options, on_result))
+        try:
+            return runner.run(replay(url, workload, options, on_result))
+        except asyncio.CancelledError:
+            raise_if_interrupted()  # a stop signal cancelled the replay (engine.launcher.stop_on_signals)
+            raise
