@@ -40,6 +40,7 @@ class Attr:
     BASELINE = "baseline"  # the baseline's name; absent for a sampled trial
     BASELINE_ARGS = "baseline_args"  # a baseline's values for knobs the space does not search
     BASELINE_NOTES = "baseline_notes"
+    CHOSEN_BECAUSE = "chosen_because"  # why this config was tried: a baseline, TPE's start-up, TPE, a rerun
     PRECHECK = "precheck"  # why the pre-check pruned it, before launch
     FAILURE_CLASS = "failure_class"  # oom, crashed, startup-timeout, ...
     FAILURE = "failure"  # the line that proves it
@@ -53,6 +54,7 @@ class Attr:
     ENGINE_STOP_S = "engine_stop_s"
     REPLAY_S = "replay_s"
     TRIAL_WALL_S = "trial_wall_s"
+    PREDICTED_CAPACITY_RPS = "predicted_capacity_rps"  # the simulator's prediction, where a study made one
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
 
 
@@ -110,6 +112,24 @@ class TrialRecord:
     @property
     def failure_class(self) -> str | None:
         return self.attrs.get(Attr.FAILURE_CLASS) or None
+
+    @property
+    def failure(self) -> str:
+        """The line that proves the failure (the engine's own words, or the pre-check's)."""
+        return str(self.attrs.get(Attr.FAILURE, ""))
+
+    @property
+    def chosen_because(self) -> str:
+        return str(self.attrs.get(Attr.CHOSEN_BECAUSE) or (f"baseline {self.baseline}" if self.baseline else "sampled"))
+
+    @property
+    def predicted_capacity_rps(self) -> float | None:
+        p = self.attrs.get(Attr.PREDICTED_CAPACITY_RPS)
+        return None if p is None else float(p)
+
+    @property
+    def wall_s(self) -> float:
+        return float(self.attrs.get(Attr.TRIAL_WALL_S, 0.0))
 
     @property
     def argv(self) -> list[str]:
@@ -235,6 +255,12 @@ class StudyResult:
 
     def baselines(self) -> list[TrialRecord]:
         return [r for r in self.records if r.baseline and r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+    @property
+    def best_baseline(self) -> TrialRecord | None:
+        """The baseline with the most capacity within the SLOs (None: no baseline met them)."""
+        met = [r for r in self.baselines() if r.feasible and r.capacity_rps > 0]
+        return max(met, key=lambda r: r.capacity_rps, default=None)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
