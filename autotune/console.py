@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.session import Outcome
-from autotune.study.records import Remeasurement
+from autotune.study.records import Remeasurement, StudyResult, TrialRecord
 from autotune.measure.metrics import Distribution
 
 out = Console()
 err = Console(stderr=True)
+for _console in (out, err):
+    if not _console.is_terminal:  # a pipe or the journal: tables as wide as their content needs, not 80 columns
+        _console.width = 200
 
 
 def _ms(x: float | None) -> str:
@@ -73,43 +81,230 @@ def print_result(result: Outcome) -> None:
         out.print(slo)
 
 
-class StudyView:
-    """The live view of a study: the current trial, its phase, the best so far.
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
-    On a terminal a rich Live panel; elsewhere (CI, journald) one timestamped line per change.
+
+def _gain(capacity: float, reference: TrialRecord | None) -> str:
+    if reference is None or reference.capacity_rps <= 0:
+        return ""
+    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% over {reference.label}"
+
+
+def _missed(r: TrialRecord) -> str:
+    """How the lowest load missed: the SLOs that failed there, measured against target."""
+    steps = sorted(r.steps, key=lambda s: s["load"])
+    if not steps:
+        return "nothing measured"
+    low = steps[0]
+    misses = [v for v in low.get("slos", []) if not v["holds"]]
+    said = ", ".join(f"{v['slo']} measured {_measured(v)}" for v in misses) or f"{low['failed']} failed requests"
+    return f"no load met the SLOs (at {low['rate']:.2f} req/s: {said})"
+
+
+def _measured(v: dict) -> str:
+    m = v.get("measured")
+    if m is None:
+        return "nothing"
+    return f"{m * 1000:.0f} ms" if v["key"] in ("ttft", "tpot", "itl", "e2e") or "tt" in v["key"] else f"{m:.2f}"
+
+
+def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
+    """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
+    config = " ".join(f"{k}={v}" for k, v in r.params.items()) or "(the space's defaults)"
+    if r.failure_class:
+        outcome = f"{r.failure_class}: {r.failure}"
+    elif r.state == TrialState.PRUNED:
+        outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
+    elif r.state != TrialState.COMPLETE:
+        outcome = r.state.name.lower()
+    elif r.feasible and r.capacity_rps > 0:
+        outcome = (f"{r.capacity_rps:.2f} req/s within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s)"
+                   + ("" if _same(r, reference) else _gain(r.capacity_rps, reference)))
+    else:
+        outcome = _missed(r)
+    took = f" [{_duration(r.wall_s)}]" if r.wall_s else ""
+    return f"trial {r.number} ({r.chosen_because}) {config} -> {outcome}{took}"
+
+
+def _same(r: TrialRecord, other: TrialRecord | None) -> bool:
+    return other is not None and other.number == r.number
+
+
+def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
+    """The same trial for machines (``autotune study --json``): one JSON object per line."""
+    return {"event": "trial", "number": r.number, "label": r.label, "chosen_because": r.chosen_because,
+            "state": r.state.name.lower(), "params": r.params, "feasible": r.feasible,
+            "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
+            "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s,
+            "gain_over": reference.label if reference is not None and not _same(r, reference) else None,
+            "gain": (r.capacity_rps / reference.capacity_rps - 1) if reference is not None and not _same(r, reference)
+            and reference.capacity_rps > 0 and r.feasible else None}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a study stands after a trial: what the footer says."""
+
+    done: int
+    budget: int | None
+    best: TrialRecord | None
+    reference: TrialRecord | None
+    engine_s: float  # engine time spent on the trials so far (GPU time: times the trial's GPUs)
+    gpu: bool
+
+    @classmethod
+    def of(cls, result: StudyResult, budget: int | None, gpu: bool) -> Progress:
+        finished = [r for r in result.records if r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        spent = sum(r.gpu_s if gpu else r.wall_s for r in result.records)
+        return cls(len(finished), budget, result.best, result.best_baseline, spent, gpu)
+
+    @property
+    def left_s(self) -> float | None:
+        """Trials left times the mean so far (None: nothing to go on, or no trial budget)."""
+        if self.budget is None or self.done == 0:
+            return None
+        return max(self.budget - self.done, 0) * self.engine_s / self.done
+
+    def text(self) -> str:
+        of = f"/{self.budget}" if self.budget else ""
+        best = "no trial within the SLOs yet"
+        if self.best is not None:
+            best = f"{self.best.capacity_rps:.2f} req/s (trial {self.best.number}"
+            best += ("" if _same(self.best, self.reference) else _gain(self.best.capacity_rps, self.reference)) + ")"
+        spent = f"{'GPU' if self.gpu else 'engine'} time {_duration(self.engine_s)}"
+        left = f", about {_duration(self.left_s)} left" if self.left_s is not None else ""
+        return f"{self.done}{of} trials; best {best}; {spent}{left}"
+
+
+class StudyView:
+    """What a person sees while a study runs.
+
+    On a terminal: each finished trial as one line above a live footer (the current phase;
+    trials done, the best so far and its gain, GPU time spent and left). Elsewhere (CI,
+    journald): the same trial lines and a progress line after each, timestamped, no footer.
+    With ``json_lines``: one JSON object per trial and one for the result on stdout, nothing
+    else there. Optuna's own log lines go to the study's log file, never to the console.
     """
 
-    def __init__(self, name: str, budget: int | None) -> None:
-        from rich.live import Live
+    def __init__(self, name: str, budget: int | None, log_file: Path, *, gpu: bool = True,
+                 json_lines: bool = False) -> None:
+        self.name, self.budget, self.gpu, self.json_lines = name, budget, gpu, json_lines
+        self.log_file = log_file
+        self.phase = "starting"
+        self.progress = Progress(0, budget, None, None, 0.0, gpu)
+        self._live = None
+        if err.is_terminal and not json_lines:
+            from rich.live import Live
 
-        self.name, self.budget = name, budget
-        self.line, self.best = "", "no feasible trial yet"
-        self._live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal else None
+            self._live = Live(console=err, transient=True, auto_refresh=False)
+        self._logging = _StudyLog(log_file)
 
     def __enter__(self) -> StudyView:
+        self._logging.__enter__()
         if self._live is not None:
             self._live.__enter__()
+            self._refresh()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
+        self._logging.__exit__(*exc)
 
     def show(self, line: str) -> None:
+        """A phase of the running trial (engine starting, a load step): the footer, and the study's log."""
+        self.phase = line
+        self._logging.log(line)
+        if self._live is not None:
+            self._refresh()
+
+    def notice(self, line: str) -> None:
+        """A line a person must read whatever the mode: on stderr (JSON mode keeps stdout to its objects)."""
+        self._logging.log(line)
+        err.print(f"autotune: {line}", markup=False, highlight=False)
+
+    def trial_done(self, record: TrialRecord, result: StudyResult) -> None:
+        import json
         import time
 
-        self.line = line
-        if self._live is None:
-            err.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False, highlight=False)
-            return
-        from rich.panel import Panel
+        reference = result.best_baseline
+        self.progress = Progress.of(result, self.budget, self.gpu)
+        line = trial_line(record, reference)
+        self._logging.log(line)
+        if self.json_lines:
+            print(json.dumps(trial_event(record, reference)), flush=True)
+        elif self._live is not None:
+            err.print(line, markup=False, highlight=False)
+            self._refresh()
+        else:  # the journal: whole lines, never wrapped at a terminal width there is none of
+            stamp = time.strftime("%H:%M:%S")
+            print(f"{stamp} {line}\n{stamp} {self.progress.text()}", file=sys.stderr, flush=True)
 
-        budget = f" / {self.budget} trials" if self.budget else ""
-        self._live.update(Panel(f"{line}\n[dim]best so far:[/] {self.best}", title=f"autotune study {self.name}{budget}"),
-                          refresh=True)
+    def _refresh(self) -> None:
+        from rich.text import Text
 
-    def set_best(self, text: str) -> None:
-        self.best = text
+        of = f" ({self.budget} trials)" if self.budget else ""
+        footer = Text.assemble((f"autotune study {self.name}{of}: ", "bold"), self.phase, "\n",
+                               (self.progress.text(), "dim"))
+        self._live.update(footer, refresh=True)
+
+
+class _StudyLog:
+    """The study's log file gets Optuna's log lines and ours; Optuna's go nowhere else."""
+
+    def __init__(self, path: Path) -> None:
+        import logging
+
+        self.path = path
+        self.logger = logging.getLogger("autotune.study")
+        self._handler: logging.Handler | None = None
+
+    def __enter__(self) -> _StudyLog:
+        import logging
+
+        import optuna
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handler = logging.FileHandler(self.path, encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        self._handler.addFilter(_no_traceback_for_stops)
+        optuna.logging.disable_default_handler()
+        for name in ("optuna", "autotune"):
+            logger = logging.getLogger(name)
+            logger.addHandler(self._handler)
+            logger.setLevel(min(logger.level or logging.INFO, logging.INFO))
+        self.logger.propagate = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import logging
+
+        import optuna
+
+        if self._handler is not None:
+            for name in ("optuna", "autotune"):
+                logging.getLogger(name).removeHandler(self._handler)
+            self._handler.close()
+        optuna.logging.enable_default_handler()
+
+    def log(self, line: str) -> None:
+        self.logger.info(line)
+
+
+def _no_traceback_for_stops(record) -> bool:
+    """A stop (Ctrl-C, a signal) is not a crash, nor is a failure autotune raised on purpose (it says what
+    happened in its own one line): their records keep the message, not the traceback."""
+    from autotune.errors import AutotuneError
+
+    if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, AutotuneError)):
+        record.exc_info = None
+    return True
 
 
 def print_comparison(rows, remeasure: Remeasurement | None) -> None:

@@ -144,10 +144,11 @@ def test_rerun_resumes_without_new_trials(finished_study):
 
 def test_report_and_dashboard_show_the_study(finished_study):
     _, study, runs, path = finished_study
+    winner = study.user_attrs["remeasure"]["winner_trial"]
     r = subprocess.run([sys.executable, "-m", "autotune", "report", str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     page = (runs / "tiny-real" / "report.html").read_text()
-    assert "plotly" in page.lower() and "p95 TTFT against output throughput" in page
+    assert "plotly" in page.lower() and 'id="verdict"' in page and f"Winner: trial {winner}" in page
     assert "Optimization History" in page and "kv-32MiB" in page
 
     port = free_port()

@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.engine.failures import COMMON_PATTERNS, Patterns
 from autotune.engine.flags import FlagTable
+from autotune.engine.gpu import GpuInfo
+from autotune.engine.model import ModelShape
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
     from autotune.engine.args import EngineArgs
-    from autotune.engine.model import ModelShape
 
 __all__ = ["EngineKind", "MetricSpec", "register", "get_kind", "kind_for_command", "kind_names"]
 
@@ -80,6 +81,14 @@ class EngineKind:
 
     def argv(self, command: Sequence[str], model: str, host: str, port: int, flags: Sequence[str]) -> list[str]:
         return [*command, model, "--host", host, "--port", str(port), *flags]
+
+    def devices(self, command: Sequence[str]) -> tuple[GpuInfo, ...] | None:
+        """The GPUs the engine runs on when its command line says so (a simulator's ``--gpu``); None: ask NVML."""
+        return None
+
+    def shape(self, model: str) -> ModelShape | None:
+        """The model's shape (pre-check, default max_model_len); None when it cannot be known here."""
+        return ModelShape.from_dir(model)
 
     def block_sizes(self, platform: str) -> tuple[int, ...] | None:
         """The KV block sizes the platform accepts; None: no constraint."""

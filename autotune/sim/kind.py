@@ -10,6 +10,8 @@ import os
 from collections.abc import Sequence
 
 from autotune.engine.flags import FlagTable
+from autotune.engine.gpu import GpuInfo
+from autotune.engine.model import ModelShape
 from autotune.engine.vllm import VllmKind
 from autotune.engine.vllm.flags import bundled_table
 
@@ -28,3 +30,28 @@ class VllmSimKind(VllmKind):
 
     def flag_table(self, command: Sequence[str], version: str | None = None) -> FlagTable:
         return bundled_table(SIMULATED_VLLM)
+
+    def devices(self, command: Sequence[str]) -> tuple[GpuInfo, ...]:
+        """The simulated GPU its ``--gpu`` names (h100-80gb by default), as NVML would report it."""
+        from autotune.sim.profiles import gpu_profile
+
+        name = "h100-80gb"
+        for i, word in enumerate(command):
+            if word == "--gpu" and i + 1 < len(command):
+                name = command[i + 1]
+            elif word.startswith("--gpu="):
+                name = word.split("=", 1)[1]
+        try:
+            gpu = gpu_profile(name)
+        except KeyError:
+            return ()  # vllm-sim itself refuses it at start, with its list of profiles
+        return (GpuInfo(0, gpu.name, gpu.memory_bytes, gpu.memory_bytes),)
+
+    def shape(self, model: str) -> ModelShape | None:
+        """The sim's named profiles (meta-llama/Llama-3.1-8B-Instruct, ...) or a directory with config.json."""
+        from autotune.sim.profiles import model_shape
+
+        try:
+            return model_shape(model)
+        except KeyError:
+            return None

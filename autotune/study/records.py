@@ -132,6 +132,13 @@ class TrialRecord:
         return float(self.attrs.get(Attr.TRIAL_WALL_S, 0.0))
 
     @property
+    def gpu_s(self) -> float:
+        """GPU time the trial held: its wall time on each GPU of the engine (vLLM's tensor x pipeline parallel)."""
+        values = (self.attrs.get(Attr.ENGINE_ARGS) or {}).get("values", {})
+        gpus = int(values.get("tensor_parallel_size") or 1) * int(values.get("pipeline_parallel_size") or 1)
+        return self.wall_s * gpus
+
+    @property
     def argv(self) -> list[str]:
         return list(self.attrs.get(Attr.ARGV, []))
 

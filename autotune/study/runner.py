@@ -36,8 +36,8 @@ from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, TrialFailed
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
+from autotune.study.notes import save_notes
 from autotune.measure.session import Outcome, measure_engine
-from autotune.engine.model import ModelShape
 from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
                                     judge)
 from autotune.study.space import Space, default_space
@@ -46,6 +46,7 @@ from autotune.workload.source import LoadSteps
 
 __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
+TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 
 
@@ -64,12 +65,17 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         # on scripts/bench_search.py's long-docs scenario it halved the median trials to 95 % of the
         # optimum (36.5 -> 18 over 20 seeds)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          constraints_func=constraints_of, n_startup_trials=5, n_ei_candidates=128)
+                                          constraints_func=constraints_of, n_startup_trials=TPE_STARTUP_TRIALS,
+                                          n_ei_candidates=128)
 
 
 def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
-    """The engine's GPUs: as the study declares them ([engine.gpu]), else what NVML sees here."""
-    return list(d.gpus) if d.gpus is not None else gpu.devices()
+    """The engine's GPUs: as the study declares them ([engine.gpu]), else as its command says (vllm-sim's
+    --gpu), else what NVML sees here."""
+    if d.gpus is not None:
+        return list(d.gpus)
+    declared = d.command.engine_kind.devices(d.command.command)
+    return list(declared) if declared is not None else gpu.devices()
 
 
 def build_space(d: StudyDefinition) -> Space:
@@ -78,7 +84,7 @@ def build_space(d: StudyDefinition) -> Space:
     kind = d.command.engine_kind
     params = d.params if d.params is not None else default_space(kind, d.platform, mem,
                                                                  devices[0].name if devices else "")
-    shape = ModelShape.from_dir(d.command.model)
+    shape = kind.shape(d.command.model)
     mml = d.fixed.values.get("max_model_len")
     return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None), kind)
 
@@ -145,14 +151,15 @@ class StudyRun:
     """Runs one study definition to its budget, then re-measures and names the winner."""
 
     def __init__(self, d: StudyDefinition, table: FlagTable, steps: LoadSteps,
-                 show: Callable[[str], None] = lambda _: None) -> None:
+                 show: Callable[[str], None] = lambda _: None, notice: Callable[[str], None] | None = None) -> None:
         self.d = d
         self.table = table
         self.steps = steps
         self.space = build_space(d)
         self.scoring = d.objective.scoring()
-        self.shape = ModelShape.from_dir(d.command.model)
-        self.show = show
+        self.shape = d.command.engine_kind.shape(d.command.model)
+        self.show = show  # the running trial's phase (engine starting, a load step): a progress display
+        self.notice = notice or show  # what a person must read (a trial failed for a dead run, nothing left to do)
         self.store = FileSystemArtifactStore(str(self.artifact_dir))
         self.host = socket.gethostname()
         self.devices = devices_of(d)
@@ -196,7 +203,7 @@ class StudyRun:
         if not shared_storage(self.d):
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 study.tell(t.number, state=TrialState.FAIL)
-                self.show(f"trial {t.number} was left running by an autotune run that died; marked failed")
+                self.notice(f"trial {t.number} was left running by an autotune run that died; marked failed")
         live = {TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING}
         done = {t.user_attrs.get(Attr.BASELINE) for t in study.get_trials(deepcopy=False) if t.state in live}
         extra = [(b.name, b.values) for b in self.d.baselines]
@@ -240,6 +247,7 @@ class StudyRun:
         args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
         label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+        trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
         shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENV, dict(shown.env))
@@ -296,6 +304,18 @@ class StudyRun:
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         return self.scoring.value(out)
 
+    def _why(self, trial: optuna.Trial) -> str:
+        """Why this config runs now, in the words the console and the dashboard show."""
+        name = trial.user_attrs.get(Attr.BASELINE)
+        if name:
+            return f"baseline {name}"
+        if self.d.sampler == "random":
+            return "random search"
+        finished = len(trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        if self.d.sampler == "tpe" and finished < TPE_STARTUP_TRIALS:
+            return f"random: TPE explores its first {TPE_STARTUP_TRIALS} trials"
+        return f"{self.d.sampler.upper()}: the most expected improvement"
+
     def _record_steps(self, trial: optuna.Trial, out: Outcome) -> None:
         trial.set_user_attr(Attr.STEPS, [s.to_json() for s in out.steps])
         judged = out.judged_step()
@@ -339,13 +359,16 @@ class StudyRun:
         self.prepare(study)
         n = self.remaining(study)
         if n == 0:
-            self.show(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
+            self.notice(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
-        callbacks = list(self.callbacks)
+        callbacks = [self._notes, *self.callbacks]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
                        callbacks=callbacks)
+
+    def _notes(self, study: optuna.Study, _: FrozenTrial) -> None:
+        save_notes(study, [s.text for s in self.d.slos])
 
     def remeasure(self, study: optuna.Study) -> Remeasurement | None:
         """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
@@ -370,4 +393,5 @@ class StudyRun:
                 c.runs.append([s.to_json() for s in out.steps])
         verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
+        save_notes(study, [s.text for s in self.d.slos])
         return verdict

@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 
 from autotune import __version__
@@ -110,29 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client")
     _add_workload(b)
 
-    st = sub.add_parser("study", help="search vLLM engine args for the most load within the SLOs (Optuna)",
-                        description="Run (or resume) the study a TOML file defines; flags override the file.")
-    st.add_argument("file", type=Path, help="study definition, e.g. studies/tiny-cpu.toml")
-    st.add_argument("--slo", action="append", default=[], help=SLO_HELP + "; replaces the file's SLOs")
-    st.add_argument("--trials", type=int, help="trials in the study in all, baselines included")
-    st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
-    st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
-    st.add_argument("--study-name", help="name of the study in the storage (default: the file's name)")
-    st.add_argument("--dry-run", type=_trial_count, nargs="?", const=5, metavar="N",
-                    help="print the first N trials' argv and env as JSON lines, launch nothing")
-    st.add_argument("--no-remeasure", action="store_true", help="skip re-measuring the top candidates")
+    from autotune.cli.study import add_parsers
 
-    for name, text in (("dashboard", "open the study in optuna-dashboard"),
-                       ("report", "write an HTML report of the study")):
-        q = sub.add_parser(name, help=text)
-        q.add_argument("file", type=Path, help="study definition")
-        q.add_argument("--storage", help="Optuna storage URL (default: the study's)")
-        q.add_argument("--study-name")
-        if name == "dashboard":
-            q.add_argument("--host", default="127.0.0.1")
-            q.add_argument("--port", type=_port, default=8080)
-        else:
-            q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
+    add_parsers(sub)
 
     dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
                         description="Run the long-lived loop a daemon config defines (see autotune/daemon/config.py).")
@@ -313,223 +292,6 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return _finish(result, a)
 
 
-def _definition(a: argparse.Namespace):
-    from autotune.engine import gpu
-    from autotune.study.definition import load_study
-
-    d = load_study(a.file, default_platform="cuda" if gpu.devices() else "cpu")
-    return d.with_overrides(slos=getattr(a, "slo", None), trials=getattr(a, "trials", None),
-                            timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
-
-
-def cmd_study(a: argparse.Namespace) -> int:
-    from autotune.console import StudyView, print_comparison, print_pareto
-    from autotune.engine.launcher import stop_on_signals
-    from autotune.study.outputs import comparison, write_best
-    from autotune.study.records import StudyResult
-    from autotune.study.runner import StudyRun, open_study
-    from autotune.workload.source import LoadSteps
-
-    d = _definition(a)
-    table = d.command.flag_table()
-    if a.dry_run is not None:
-        from autotune.study.dryrun import dry_run
-
-        for line in dry_run(d, table, a.dry_run):
-            print(json.dumps(line))
-        return EXIT_OK
-    steps = LoadSteps(d.workload, d.objective.step_seconds)
-    study = open_study(d)
-    _no_traceback_for_interrupts()
-    stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
-    run = StudyRun(d, table, steps)
-    try:
-        with StudyView(d.name, d.budget.trials) as view:
-            run.show = view.show
-
-            def best_so_far(study, trial) -> None:
-                b = StudyResult.of(study).best
-                if b is not None:
-                    view.set_best(f"{b.capacity_rps:.2f} req/s (trial {b.number})")
-
-            run.callbacks = [best_so_far]
-            run.optimize(study)
-            # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
-            if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
-                run.remeasure(study)
-    except Interrupted as e:
-        n = run.interrupted_trial(study)
-        during = f" during trial {n} (recorded as failed)" if n is not None else ""
-        return _stopped(e, f"{during}; the engine was stopped. Rerun the same command to resume study {d.name}.")
-    result = StudyResult.of(study)
-    if result.pareto:
-        print_pareto(result.front)
-        return EXIT_OK if result.front else EXIT_SLO_MISS
-    winner = result.winner
-    print_comparison(comparison(result, winner), result.remeasurement)
-    if winner is None:
-        print("autotune: no trial met every SLO; see the dashboard: autotune dashboard " + str(a.file), file=sys.stderr)
-        return EXIT_SLO_MISS
-    kind = d.command.engine_kind
-    paths = write_best(winner, d.command.model, kind, d.run_dir, real_env=d.fixed.env)
-    if "config" in paths:
-        print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}")
-    else:
-        print(f"best config: command line {paths['command']}, values {paths['json']}")
-    return EXIT_OK
-
-
-def _no_traceback_for_interrupts() -> None:
-    """Optuna logs a failed trial with its traceback; a stop (Ctrl-C, a signal) is not a crash, nor is a
-    failure autotune raised on purpose (it says what happened in its own one line)."""
-    import logging
-
-    def strip(record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, AutotuneError)):
-            record.exc_info = None
-        return True
-
-    for handler in logging.getLogger("optuna").handlers:
-        handler.addFilter(strip)
-
-
-def cmd_dashboard(a: argparse.Namespace) -> int:
-    d = _definition(a)
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    if not Path(exe).exists() and not shutil.which(exe):
-        raise ConfigError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'")
-    argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
-    print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    # Become optuna-dashboard (same pid): SIGTERM from systemd, a container runtime or a test's terminate()
-    # reaches the server itself, and no child is left behind when this process goes.
-    try:
-        os.execv(exe, argv)  # returns only by raising
-    except OSError as e:
-        raise ConfigError(f"cannot run {exe}: {e.strerror}") from e
-
-
-def _require_study(d, file: Path) -> None:
-    """A report reads a study a run made: no such study is an error naming what there is, and leaves no
-    empty database behind (opening a sqlite URL creates its file)."""
-    import optuna
-
-    if d.storage.startswith("sqlite:///"):
-        path = Path(d.storage.removeprefix("sqlite:///").partition("?")[0])
-        if not path.is_file():
-            raise ConfigError(f"no study database at {path}: run `autotune study {file}` first, or give --storage")
-    names = sorted(optuna.get_all_study_names(d.storage))
-    if d.name not in names:
-        held = f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
-        raise ConfigError(f"no study {d.name!r} in {d.storage}; {held}")
-
-
-def cmd_report(a: argparse.Namespace) -> int:
-    from autotune.study.report import write_report
-
-    d = _definition(a)
-    _require_study(d, a.file)
-    out = write_report(d, a.out or d.run_dir / "report.html")
-    print(f"report: {out}")
-    return EXIT_OK
-
-
-def cmd_daemon(a: argparse.Namespace) -> int:
-    import threading
-
-    from autotune.daemon.config import load_daemon_config
-    from autotune.daemon.loop import Daemon
-
-    daemon = Daemon(load_daemon_config(a.config, serving=True))  # its metrics port must be free now
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:  # only notes it: the loop stops after its tick
-        received.append(signum)
-        stop.set()
-
-    # SIGHUP has no reload meaning yet; its default would end the daemon silently: it stops it, saying so
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    rc = daemon.run(stop)
-    if received:
-        hup = " (it does not reload its config yet: start it again)" if received[0] == signal.SIGHUP else ""
-        print(f"autotune: daemon stopped by {signal.Signals(received[0]).name}{hup}", file=sys.stderr)
-    return rc
-
-
-def _daemon_parts(a: argparse.Namespace):
-    from autotune.daemon.config import load_daemon_config
-    from autotune.daemon.production import daemon_root
-    from autotune.daemon.state import StateStore
-    from autotune.publish.history import History
-
-    cfg = load_daemon_config(a.config)
-    root = daemon_root(cfg)
-    return cfg, root, StateStore(root), History(root / "history")
-
-
-def cmd_retune(a: argparse.Namespace) -> int:
-    _, _, store, _ = _daemon_parts(a)
-    store.request_retune(a.reason)
-    print(f"autotune: retune requested ({a.reason}); the daemon starts it at its next tick "
-          "(tuning windows still apply; a request skips the cooldown)")
-    return EXIT_OK
-
-
-def cmd_status(a: argparse.Namespace) -> int:
-    from autotune.console import print_history
-
-    _, _, store, history = _daemon_parts(a)
-    st = store.load()
-    print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
-    print(f"note: {st.note}")
-    if st.scrape_error:
-        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.scrape_error_at))
-        print(f"production scrape: {'failing' if st.scrape_failing else 'ok'}; last error at {when}: {st.scrape_error}")
-    print_history(history.entries())
-    return EXIT_OK
-
-
-def cmd_publish(a: argparse.Namespace) -> int:
-    from autotune.daemon.production import build_target, production_canary
-    from autotune.daemon.fingerprint import Fingerprint
-    from autotune.publish.transaction import PublishLock, publish
-    from autotune.study.definition import load_study
-
-    cfg, root, store, history = _daemon_parts(a)
-    with PublishLock(root):
-        proposal = history.proposal()
-        if proposal is None:
-            raise ConfigError("no proposal waits for approval (autotune status shows the history)")
-        if a.reject:
-            history.settle(proposal, "rejected", reason="rejected by hand")
-            print(f"autotune: entry {proposal.number} rejected; production unchanged")
-            return EXIT_OK
-        # the canary imitates production's traffic as the daemon last fingerprinted it
-        fp = store.load().tuned_fingerprint
-        target = build_target(cfg)
-        canary = production_canary(cfg, target, Fingerprint.from_json(fp) if fp else None,
-                                   load_study(cfg.staging_study).workload.tokenizer)
-        result = publish(target, proposal.values, history, canary, entry=proposal)
-    print(f"autotune: entry {result.entry.number}: {result.outcome}" +
-          (f" ({result.entry.reason})" if result.entry.reason else ""))
-    return EXIT_OK if result.ok else EXIT_SLO_MISS
-
-
-def cmd_rollback(a: argparse.Namespace) -> int:
-    from autotune.daemon.production import build_target
-    from autotune.publish.transaction import PublishLock, rollback
-
-    if a.to is not None and a.to < 1:
-        raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; autotune status lists them")
-    cfg, root, _, history = _daemon_parts(a)
-    with PublishLock(root):
-        entry = rollback(build_target(cfg), history, a.to)
-    print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")
-    return EXIT_OK
-
-
 def cmd_capture(a: argparse.Namespace) -> int:
     from autotune.workload.capture import run_capture
 
@@ -563,14 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         with input_errors():  # what a library raises because of the input: a ConfigError (boundary.py)
             if a.command == "bench":
                 return cmd_bench(a, engine_args)
-            if a.command == "study":
-                return cmd_study(a)
-            if a.command == "dashboard":
-                return cmd_dashboard(a)
-            if a.command == "report":
-                return cmd_report(a)
-            handler = {"daemon": cmd_daemon, "retune": cmd_retune, "status": cmd_status, "publish": cmd_publish,
-                       "rollback": cmd_rollback, "capture": cmd_capture}.get(a.command)
+            from autotune.cli import daemon, study
+
+            handler = {"study": study.cmd_study, "init": study.cmd_init, "dashboard": study.cmd_dashboard,
+                       "report": study.cmd_report, "daemon": daemon.cmd_daemon, "retune": daemon.cmd_retune,
+                       "status": daemon.cmd_status, "publish": daemon.cmd_publish, "rollback": daemon.cmd_rollback,
+                       "capture": cmd_capture}.get(a.command)
             if handler is not None:
                 return handler(a)
             return cmd_replay(a)

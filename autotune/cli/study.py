@@ -1,0 +1,271 @@
+"""The study's commands: ``autotune study`` (with a file, or from a few flags), ``init``, ``report``, ``dashboard``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from autotune.cli import EXIT_OK, EXIT_SLO_MISS, SLO_HELP, _port, _stopped, _trial_count, default_engine_command
+from autotune.errors import ConfigError, Interrupted
+
+__all__ = ["add_parsers", "cmd_study", "cmd_init", "cmd_report", "cmd_dashboard"]
+
+
+def _add_request(p: argparse.ArgumentParser, *, for_init: bool) -> None:
+    """The flags a study can be made from, without a file."""
+    g = p.add_argument_group("a study without a file" if not for_init else "the study")
+    g.add_argument("--model", help="model directory (its config.json sizes the space, its tokenizer builds prompts)")
+    g.add_argument("--workload", type=Path, help="recorded traffic: autotune JSONL, vllm bench custom JSONL, ShareGPT")
+    g.add_argument("--scenario", help="synthetic traffic: chat (default), long-docs or high-concurrency")
+    g.add_argument("--rate", type=float, help="requests/s of the synthetic traffic; each trial's load ladder starts here")
+    g.add_argument("--requests", type=int, default=200, help="requests per synthetic workload (default 200)")
+    g.add_argument("--tokenizer", type=Path, help="tokenizer directory when --model is not a local directory")
+    g.add_argument("--engine-cmd", help="engine command line prefix (default: 'vllm serve')")
+    g.add_argument("--port", type=_port, default=8100, help="staging engine port on localhost (default 8100)")
+    p.add_argument("--slo", action="append", default=[], help=SLO_HELP + ("" if for_init else
+                   "; with a file, replaces the file's SLOs"))
+    p.add_argument("--trials", type=int, help="trials in the study in all, baselines included (default 20)")
+    p.add_argument("--study-name", help="name of the study (default: the model's and the traffic's names)")
+
+
+def add_parsers(sub) -> None:
+    st = sub.add_parser(
+        "study", help="search engine args for the most load within the SLOs (Optuna)",
+        description="Run (or resume) a study. Without a file: autotune study --model DIR --slo 'ttft<800ms' --rate 4 "
+        "writes runs/<name>/study.toml (every default spelled out) and runs it. With a file: the file's study, "
+        "flags on top.")
+    st.add_argument("file", type=Path, nargs="?", help="study definition, e.g. studies/tiny-cpu-chat.toml")
+    _add_request(st, for_init=False)
+    st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
+    st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
+    st.add_argument("--dry-run", type=_trial_count, nargs="?", const=5, metavar="N",
+                    help="print the first N trials' argv and env as JSON lines, launch nothing")
+    st.add_argument("--no-remeasure", action="store_true", help="skip re-measuring the top candidates")
+    st.add_argument("--json", action="store_true", dest="json_lines",
+                    help="print one JSON object per trial and one for the result, nothing else, on stdout")
+
+    it = sub.add_parser("init", help="write an annotated study file from a few flags, run nothing",
+                        description="Write the study `autotune study --model ... --slo ...` would run, every "
+                        "default spelled out with a comment, to edit before running it.")
+    _add_request(it, for_init=True)
+    it.add_argument("--out", type=Path, help="file to write (default: <name>.toml here)")
+    it.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+    for name, text in (("dashboard", "open the study in optuna-dashboard"),
+                       ("report", "write an HTML report of the study")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("file", type=Path, help="study definition")
+        q.add_argument("--storage", help="Optuna storage URL (default: the study's)")
+        q.add_argument("--study-name")
+        if name == "dashboard":
+            q.add_argument("--host", default="127.0.0.1")
+            q.add_argument("--port", type=_port, default=8080)
+        else:
+            q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
+
+
+def _request(a: argparse.Namespace):
+    from autotune.study.starter import StudyRequest
+
+    if not a.model:
+        raise ConfigError("give a study file, or the model to tune: --model DIR --slo 'ttft<800ms' --rate R "
+                          "(autotune study --help)")
+    if a.requests < 1:
+        raise ConfigError("--requests must be at least 1")
+    return StudyRequest(model=a.model, slos=tuple(a.slo), engine_command=a.engine_cmd or default_engine_command(),
+                        workload=a.workload, scenario=a.scenario, rate=a.rate, requests=a.requests,
+                        tokenizer=a.tokenizer, trials=a.trials if a.trials is not None else 20, name=a.study_name,
+                        port=a.port)
+
+
+def _platform(command: str):
+    """The GPUs the study tunes for: the engine command's own (vllm-sim --gpu), else NVML's, else the CPU."""
+    from autotune.engine import gpu
+    from autotune.engine.args import EngineCommand
+    from autotune.engine.kind import kind_for_command
+    from autotune.study.starter import Platform
+
+    argv = EngineCommand.parse_command(command)
+    declared = kind_for_command(argv).devices(argv)
+    if declared:
+        return Platform("cuda", tuple(declared), declared=True)
+    seen = gpu.devices()
+    return Platform("cuda" if seen else "cpu", tuple(seen), declared=False)
+
+
+def _render(a: argparse.Namespace) -> tuple[str, str]:
+    """(name, the study file's text) for the flags given."""
+    from autotune.engine.args import EngineCommand
+    from autotune.engine.kind import kind_for_command
+    from autotune.study.starter import check_request, render_study, study_name, validated
+
+    req = _request(a)
+    check_request(req)
+    platform = _platform(req.engine_command)
+    kind = kind_for_command(EngineCommand.parse_command(req.engine_command))
+    g = platform.gpus[0] if platform.gpus else None
+    space = kind.default_space(platform.name, g.total_bytes / (1 << 30) if g else 0.0, g.name if g else "")
+    return study_name(req), validated(render_study(req, platform, space))
+
+
+def cmd_init(a: argparse.Namespace) -> int:
+    from autotune.locations import atomic_write
+
+    name, text = _render(a)
+    out = a.out or Path(f"{name}.toml")
+    if out.exists() and not a.force:
+        raise ConfigError(f"{out} exists: give another --out, or --force to overwrite it")
+    atomic_write(out, text)
+    print(f"wrote {out}; run it with: autotune study {out}")
+    return EXIT_OK
+
+
+def _file_free_study(a: argparse.Namespace) -> Path:
+    """Write runs/<name>/study.toml for the flags (or find the same one from an earlier run) and return it."""
+    from autotune.locations import atomic_write
+
+    name, text = _render(a)
+    path = Path("runs") / name / "study.toml"
+    if path.is_file() and path.read_text(encoding="utf-8") != text:
+        raise ConfigError(f"{path} holds another study named {name} (other flags): resume it with "
+                          f"`autotune study {path}`, or name this one with --study-name")
+    fresh = not path.is_file()
+    atomic_write(path, text)
+    said = "wrote" if fresh else "resuming"
+    print(f"autotune: {said} {path}; edit it, or rerun and resume with: autotune study {path}", file=sys.stderr)
+    return path
+
+
+def _definition(a: argparse.Namespace):
+    from autotune.engine import gpu
+    from autotune.study.definition import load_study
+
+    d = load_study(a.file, default_platform="cuda" if gpu.devices() else "cpu")
+    return d.with_overrides(slos=getattr(a, "slo", None), trials=getattr(a, "trials", None),
+                            timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
+
+
+def cmd_study(a: argparse.Namespace) -> int:
+    from autotune.console import StudyView, print_comparison, print_pareto
+    from autotune.engine.launcher import stop_on_signals
+    from autotune.study.outputs import comparison, write_best
+    from autotune.study.records import StudyResult, TrialRecord
+    from autotune.study.runner import StudyRun, open_study
+    from autotune.workload.source import LoadSteps
+
+    if a.file is None:
+        a.file = _file_free_study(a)
+        a.slo, a.trials, a.study_name = [], None, None  # the file holds them now
+    elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd:
+        raise ConfigError(f"give a study file or --model and its flags, not both: edit {a.file} instead")
+    d = _definition(a)
+    table = d.command.flag_table()
+    if a.dry_run is not None:
+        from autotune.study.dryrun import dry_run
+
+        for line in dry_run(d, table, a.dry_run):
+            print(json.dumps(line))
+        return EXIT_OK
+    steps = LoadSteps(d.workload, d.objective.step_seconds)
+    stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
+    # the view first: it routes Optuna's log lines (the study's creation included) into the study's log
+    with StudyView(d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda",
+                   json_lines=a.json_lines) as view:
+        study = open_study(d)
+        run = StudyRun(d, table, steps)
+        run.show, run.notice = view.show, view.notice
+        run.callbacks = [lambda study, trial: view.trial_done(TrialRecord.of(trial), StudyResult.of(study))]
+        try:
+            run.optimize(study)
+            # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
+            if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
+                run.remeasure(study)
+        except Interrupted as e:
+            n = run.interrupted_trial(study)
+            during = f" during trial {n} (recorded as failed)" if n is not None else ""
+            return _stopped(e, f"{during}; the engine was stopped. Rerun the same command to resume study {d.name}.")
+    result = StudyResult.of(study)
+    kind = d.command.engine_kind
+    winner = None if result.pareto else result.winner
+    paths = write_best(winner, d.command.model, kind, d.run_dir, real_env=d.fixed.env) if winner else {}
+    if a.json_lines:
+        print(json.dumps(_result_event(result, winner, paths)))
+    elif result.pareto:
+        print_pareto(result.front)
+    else:
+        print_comparison(comparison(result, winner), result.remeasurement)
+    if result.pareto:
+        return EXIT_OK if result.front else EXIT_SLO_MISS
+    if winner is None:
+        print(f"autotune: no trial met every SLO; see why: autotune report {a.file}", file=sys.stderr)
+        return EXIT_SLO_MISS
+    if not a.json_lines:
+        if "config" in paths:
+            print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}")
+        else:
+            print(f"best config: command line {paths['command']}, values {paths['json']}")
+        print(f"the whole story: autotune report {a.file}  (or autotune dashboard {a.file})")
+    return EXIT_OK
+
+
+def _result_event(result, winner, paths: dict[str, Path]) -> dict:
+    """The study's outcome for machines: the winner, its gain over the best baseline, the verdict, the files."""
+    base = result.best_baseline
+    verdict = result.remeasurement
+    return {
+        "event": "result", "pareto": result.pareto,
+        "front": [r.number for r in result.front] if result.pareto else None,
+        "winner": None if winner is None else {"trial": winner.number, "label": winner.label,
+                                               "params": winner.params, "capacity_rps": winner.capacity_rps},
+        "best_baseline": None if base is None else {"label": base.label, "capacity_rps": base.capacity_rps},
+        "gain": (winner.capacity_rps / base.capacity_rps - 1) if winner is not None and base is not None else None,
+        "remeasurement": None if verdict is None else {k: v for k, v in verdict.to_json().items() if k != "candidates"},
+        "files": {k: str(v) for k, v in paths.items()},
+    }
+
+
+def cmd_dashboard(a: argparse.Namespace) -> int:
+    d = _definition(a)
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    if not Path(exe).exists() and not shutil.which(exe):
+        raise ConfigError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'")
+    argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
+    print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Become optuna-dashboard (same pid): SIGTERM from systemd, a container runtime or a test's terminate()
+    # reaches the server itself, and no child is left behind when this process goes.
+    try:
+        os.execv(exe, argv)  # returns only by raising
+    except OSError as e:
+        raise ConfigError(f"cannot run {exe}: {e.strerror}") from e
+
+
+def _require_study(d, file: Path) -> None:
+    """A report reads a study a run made: no such study is an error naming what there is, and leaves no
+    empty database behind (opening a sqlite URL creates its file)."""
+    import optuna
+
+    if d.storage.startswith("sqlite:///"):
+        path = Path(d.storage.removeprefix("sqlite:///").partition("?")[0])
+        if not path.is_file():
+            raise ConfigError(f"no study database at {path}: run `autotune study {file}` first, or give --storage")
+    names = sorted(optuna.get_all_study_names(d.storage))
+    if d.name not in names:
+        held = f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
+        raise ConfigError(f"no study {d.name!r} in {d.storage}; {held}")
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from autotune.study.report import write_report
+
+    d = _definition(a)
+    _require_study(d, a.file)
+    out = write_report(d, a.out or d.run_dir / "report.html")
+    print(f"report: {out}")
+    return EXIT_OK
+
+

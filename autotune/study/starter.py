@@ -1,0 +1,184 @@
+"""A study from a few flags: the annotated file `autotune init` writes and a file-free `autotune study` runs.
+
+`autotune study --model M --slo 'ttft<800ms' --rate 4` needs no file; it writes this one under
+``runs/<name>/study.toml`` and runs it, so the file-free start leads straight to the file: the
+same study, every default spelled out with a comment, ready to edit and rerun. Nothing is
+written here that `load_study` would not read back to the same definition.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from autotune.engine.args import EngineCommand
+from autotune.engine.gpu import GpuInfo
+from autotune.errors import ConfigError
+from autotune.measure.slo import parse_slos
+
+__all__ = ["StudyRequest", "Platform", "check_request", "render_study", "study_name", "validated"]
+
+
+@dataclass(frozen=True)
+class StudyRequest:
+    """What a person typed: the model, the SLOs, the traffic, and optionally the engine and the budget."""
+
+    model: str
+    slos: tuple[str, ...]
+    engine_command: str
+    workload: Path | None = None  # a trace file; else the synthetic scenario
+    scenario: str | None = None
+    rate: float | None = None
+    requests: int = 200
+    tokenizer: Path | None = None
+    trials: int = 20
+    name: str | None = None
+    port: int = 8100
+    runs_dir: Path = Path("runs")
+    extra_args: dict[str, Any] = field(default_factory=dict)  # fixed engine args, e.g. max_model_len
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where the engine runs: what NVML saw here, or what the engine's command declares (vllm-sim's --gpu)."""
+
+    name: str  # "cuda" or "cpu"
+    gpus: tuple[GpuInfo, ...]
+    declared: bool  # the GPUs come from the engine's command, not from NVML on this host
+
+
+def study_name(req: StudyRequest) -> str:
+    """``tiny-llama-chat``: the model's last path part and the traffic's name, in the characters a name may hold."""
+    if req.name:
+        return req.name
+    traffic = req.workload.stem if req.workload is not None else (req.scenario or "chat")
+    raw = f"{Path(req.model.rstrip('/')).name}-{traffic}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.") or "study"
+
+
+def check_request(req: StudyRequest) -> None:
+    """Every missing piece as one line saying what to add, before anything is written."""
+    if not req.slos:
+        raise ConfigError("give the latency promise to tune for: --slo 'ttft<800ms' (repeatable; "
+                          "'p99:ttft<1s', 'tpot<50ms', 'rps>5')")
+    parse_slos(list(req.slos))  # a typo is its own one-line error
+    if req.workload is None and req.rate is None:
+        raise ConfigError("say what traffic to tune for: --workload trace.jsonl (recorded, e.g. by autotune capture), "
+                          "or --rate R requests/s for the synthetic chat scenario (--scenario picks another)")
+    if req.workload is not None and req.scenario is not None:
+        raise ConfigError("give either --workload FILE or --scenario NAME, not both")
+    if req.workload is not None and not req.workload.is_file():
+        raise ConfigError(f"--workload {req.workload}: no such file")
+    local = Path(req.model).is_dir()
+    if local and not (Path(req.model) / "config.json").is_file():
+        raise ConfigError(f"--model {req.model} has no config.json: give the directory the model was downloaded to")
+    tokenizer = req.tokenizer or (Path(req.model) if local else None)
+    if tokenizer is None:
+        raise ConfigError(f"--model {req.model} is not a local directory, so there is no tokenizer to build prompts "
+                          f"with: download it (huggingface-cli download {req.model} --local-dir models/NAME) and "
+                          "pass the directory, or add --tokenizer DIR")
+    if not tokenizer.exists():
+        raise ConfigError(f"--tokenizer {tokenizer}: no such file or directory")
+    if req.trials < 1:
+        raise ConfigError("--trials must be at least 1")
+
+
+def _toml_value(value: Any) -> str:
+    """One TOML value on one line, as it appears after ``key = `` (tables and arrays inline)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return tomli_w.dumps({"x": value}).split("=", 1)[1].strip()
+
+
+def _abs(path: Path | str) -> str:
+    return str(Path(path).resolve())
+
+
+def render_study(req: StudyRequest, platform: Platform, default_space: dict[str, dict[str, Any]]) -> str:
+    """The study file, every line a person may want to change commented.
+
+    Paths are absolute, so the file reruns the same study from any directory.
+    """
+    check_request(req)
+    name = study_name(req)
+    runs = _abs(req.runs_dir)
+    local = Path(req.model).is_dir()
+    model = _abs(req.model) if local else req.model
+    command = EngineCommand.parse_command(req.engine_command)  # a bad command line fails here, not at trial 0
+    slos = ", ".join(_toml_value(s) for s in req.slos)
+    out = [
+        f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(req.runs_dir)}/{name}/study.toml",
+        "# Edit anything below; 'Writing a study' in the README documents every key.",
+        f"name = {_toml_value(name)}",
+        "# p95 unless a percentile is given: 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'rps>5'",
+        f"slos = [{slos}]",
+        "# every trial, for `autotune report` and `autotune dashboard` (PostgreSQL to share it between hosts)",
+        f"storage = {_toml_value(f'sqlite:///{runs}/studies.db')}",
+        f"runs_dir = {_toml_value(runs)}             # engine logs, the best config, the report",
+        "",
+        "[engine]",
+        f"command = {_toml_value(' '.join(command))}",
+        f"model = {_toml_value(model)}",
+    ]
+    if platform.name == "cpu":
+        out.append('platform = "cpu"               # no NVIDIA GPU was visible to NVML: vLLM\'s CPU backend')
+    else:
+        g = platform.gpus[0]
+        seen = "declared by the engine command" if platform.declared else "found by NVML"
+        out.append(f'platform = "cuda"              # {len(platform.gpus)}x {g.name}, {seen}')
+    out += [f"port = {req.port}                     # staging engine port (localhost)",
+            'startup_timeout = "15m"        # a start slower than this is a failed trial']
+    if platform.declared:
+        g = platform.gpus[0]
+        out += ["", "[engine.gpu]                   # the GPU the default space and the pre-check size for",
+                f"name = {_toml_value(g.name)}",
+                f'memory = "{g.total_bytes >> 20}MiB"',
+                f"count = {len(platform.gpus)}"]
+    fixed = dict(req.extra_args)
+    if req.tokenizer is not None and not local:
+        fixed.setdefault("tokenizer", _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
+    out += ["", "[engine.args]                  # fixed for every trial: the search never changes these"]
+    out += [f"{k} = {_toml_value(v)}" for k, v in fixed.items()] or ["# max_model_len = 8192"]
+
+    out += ["", "# No [space]: the platform's default space for this GPU and model, searched as below.",
+            "# To search fewer knobs or other ranges, uncomment [space] and edit it:", "# [space]"]
+    out += [f"# {k} = {_toml_value(v)}" for k, v in default_space.items()]
+
+    out += ["", "[workload]"]
+    if req.workload is not None:
+        out.append(f"trace = {_toml_value(_abs(req.workload))}   # arrivals and lengths as recorded")
+        if req.rate is not None:
+            out.append(f"rate = {_toml_value(req.rate)}            # arrivals for a file without arrival times")
+    else:
+        out += [f"scenario = {_toml_value(req.scenario or 'chat')}          # chat, long-docs or high-concurrency",
+                f"rate = {_toml_value(req.rate)}                   # requests/s; each trial's load ladder starts here",
+                f"requests = {req.requests}"]
+    if req.tokenizer is not None:
+        out.append(f"tokenizer = {_toml_value(_abs(req.tokenizer))}   # prompts are built with the engine's tokenizer")
+    out += ["", "[objective]", 'kind = "capacity"              # the most requests/s that meet every SLO',
+            "max_steps = 4                  # load steps per trial: doubles while the SLOs hold, then bisects",
+            "", "[budget]", f"trials = {req.trials}                    # in all, baselines included; a rerun resumes",
+            '# timeout = "4h"', "",
+            "# [baselines]: vLLM's defaults and the other built-in baselines run first; every result is",
+            "# shown as a gain over them. Add your production config to be compared with it too:",
+            "# [baselines]", "# production = { max_num_seqs = 256, gpu_memory_utilization = 0.9 }", ""]
+    return "\n".join(out)
+
+
+def validated(text: str) -> str:
+    """``text`` if it loads as a study (it always should: a bug otherwise), before any file holds it."""
+    import tempfile
+
+    from autotune.study.definition import load_study
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "study.toml"
+        path.write_text(text, encoding="utf-8")
+        load_study(path)
+    return text

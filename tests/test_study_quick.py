@@ -1,0 +1,185 @@
+"""`autotune study --model M --slo ...` without a file, `autotune init`, and what a study shows while it runs.
+
+The file-free study runs for real against vllm-sim (a simulated H100, so the default CUDA space
+applies): it writes runs/<name>/study.toml, and that file reruns the same study. The console is
+checked three ways: plain lines (a pipe, as under journald), JSON lines (--json), and a real
+terminal (a pty, where the live footer draws).
+"""
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.study.definition import load_study
+from tests.conftest import free_port
+
+SIM = f"{sys.executable} -m autotune.sim.cli --gpu h100-80gb --time-scale 0.01 serve"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # a shape vllm-sim knows; prompts are built with the tiny tokenizer
+
+
+def request(tiny_model, port, *more):
+    return ["--model", MODEL, "--engine-cmd", SIM, "--tokenizer", str(tiny_model), "--slo", "ttft<800ms",
+            "--slo", "tpot<60ms", "--rate", "4", "--requests", "8", "--port", str(port), *more]
+
+
+def autotune(cwd, *args, timeout=300):
+    env = {**os.environ, "AUTOTUNE_STATE_DIR": str(Path(cwd) / "state"), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# -- init and the one-line errors ---------------------------------------------------------------------
+
+
+def test_init_writes_an_annotated_study_that_loads(tmp_path, tiny_model):
+    r = autotune(tmp_path, "init", *request(tiny_model, 8123, "--trials", "7"))
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "Llama-3.1-8B-Instruct-chat.toml"
+    assert r.stdout.strip() == f"wrote {path.name}; run it with: autotune study {path.name}"
+    d = load_study(path)
+    assert d.name == "Llama-3.1-8B-Instruct-chat" and [s.text for s in d.slos] == ["p95:ttft<800ms", "p95:tpot<60ms"]
+    assert d.platform == "cuda" and d.gpus[0].name == "NVIDIA H100 80GB HBM3"  # from vllm-sim's --gpu
+    assert d.budget.trials == 7 and d.workload.scenario == "chat" and d.workload.rate == 4
+    assert d.workload.tokenizer == tiny_model.resolve() and d.fixed.values["tokenizer"] == str(tiny_model.resolve())
+    assert d.params is None  # the default space, written out only as comments
+    text = path.read_text()
+    assert "# max_num_seqs = { type = \"int\"" in text and "# [space]" in text
+    assert "# production = {" in text and "# timeout = " in text  # what a person may add, shown where it goes
+
+    again = autotune(tmp_path, "init", *request(tiny_model, 8123))
+    assert again.returncode == 2 and "exists: give another --out, or --force" in again.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no/such-model", "--slo", "ttft<1s", "--rate", "2"], "is not a local directory"),
+    (["--model", "{tiny}", "--rate", "2"], "give the latency promise to tune for: --slo"),
+    (["--model", "{tiny}", "--slo", "ttft<1s"], "say what traffic to tune for: --workload"),
+    (["--model", "{tiny}", "--slo", "ttft<<1s", "--rate", "2"], "ttft<<1s"),
+    (["--slo", "ttft<1s", "--rate", "2"], "give a study file, or the model to tune: --model"),
+    (["studies/tiny-cpu-chat.toml", "--model", "{tiny}"], "give a study file or --model and its flags, not both"),
+])
+def test_a_missing_piece_is_one_line_saying_what_to_add(tmp_path, tiny_model, args, needle):
+    args = [a.replace("{tiny}", str(tiny_model)) for a in args]
+    if args[0].endswith(".toml"):
+        args[0] = str(Path(__file__).resolve().parents[1] / args[0])
+    r = autotune(tmp_path, "study", *args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "runs").exists()  # nothing written for a request that cannot run
+
+
+# -- the file-free study, end to end ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, tiny_model):
+    """A three-trial file-free study, its output piped (as under journald)."""
+    cwd = tmp_path_factory.mktemp("plain")
+    port = free_port()
+    r = autotune(cwd, "study", *request(tiny_model, port, "--trials", "3", "--no-remeasure"))
+    return cwd, port, r
+
+
+def test_the_file_free_study_runs_and_writes_its_file(plain_run):
+    cwd, _, r = plain_run
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = "Llama-3.1-8B-Instruct-chat"
+    path = Path("runs") / name / "study.toml"
+    assert f"autotune: wrote {path}; edit it, or rerun and resume with: autotune study {path}" in r.stderr
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{cwd}/runs/studies.db")
+    assert len(study.trials) == 3
+    assert study.trials[0].user_attrs["baseline"] == "vllm-defaults"
+    assert (cwd / "runs" / name / "best.yaml").is_file()
+    assert f"autotune report {path}" in r.stdout
+
+
+def test_plain_output_is_one_line_per_trial_in_our_words_and_no_optuna_lines(plain_run):
+    cwd, _, r = plain_run
+    trial_lines = [line for line in r.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d trial \d+ \(", line)]
+    assert len(trial_lines) == 3, r.stderr[-3000:]
+    assert "trial 0 (baseline vllm-defaults) " in trial_lines[0] and " req/s within the SLOs (" in trial_lines[0]
+    progress = [line for line in r.stderr.splitlines() if re.search(r"\d\d:\d\d:\d\d \d/3 trials; best ", line)]
+    assert [p.split()[1] for p in progress] == ["1/3", "2/3", "3/3"]
+    assert "GPU time" in progress[-1] and "left" in progress[0]
+    assert "[I 20" not in r.stderr and "[W 20" not in r.stderr  # Optuna's own lines are not on the console
+    log = (cwd / "runs" / "Llama-3.1-8B-Instruct-chat" / "study.log").read_text()
+    assert "Trial 2 finished" in log and "trial 2 (" in log  # Optuna's lines and ours, in the study's log
+
+
+def test_the_written_file_reruns_the_same_study(plain_run, tiny_model):
+    cwd, port, first = plain_run
+    path = "runs/Llama-3.1-8B-Instruct-chat/study.toml"
+    r = autotune(cwd, "study", path, "--no-remeasure")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "budget of 3 trials already spent" in r.stderr
+    best = json.loads((cwd / "runs" / "Llama-3.1-8B-Instruct-chat" / "best.json").read_text())
+    assert f"best config of trial {best['trial']}," in (cwd / "runs/Llama-3.1-8B-Instruct-chat/best.yaml").read_text()
+    # the same flags again find the same study and resume it; the file's dry run is the flags' dry run
+    again = autotune(cwd, "study", *request(tiny_model, port, "--trials", "3", "--dry-run", "2"))
+    from_file = autotune(cwd, "study", path, "--dry-run", "2")
+    assert again.returncode == 0 and from_file.returncode == 0, again.stderr + from_file.stderr
+    assert "autotune: resuming" in again.stderr
+    assert again.stdout == from_file.stdout and again.stdout.count("\n") == 2
+    # other flags under the same name: one line, nothing overwritten
+    other = autotune(cwd, "study", *request(tiny_model, port, "--trials", "5"))
+    assert other.returncode == 2 and "holds another study named" in other.stderr, other.stderr
+
+
+def test_json_lines_are_the_only_stdout(tmp_path, tiny_model):
+    r = autotune(tmp_path, "study", *request(tiny_model, free_port(), "--trials", "2", "--no-remeasure", "--json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(line) for line in r.stdout.splitlines()]  # every line parses
+    assert [e["event"] for e in events] == ["trial", "trial", "result"]
+    first = events[0]
+    assert first["label"] == "vllm-defaults" and first["chosen_because"] == "baseline vllm-defaults"
+    assert first["capacity_rps"] > 0 and first["feasible"] is True and first["wall_s"] > 0
+    result = events[-1]
+    assert result["winner"]["capacity_rps"] == max(e["capacity_rps"] for e in events[:-1] if e["feasible"])
+    assert result["files"]["config"].endswith("best.yaml")
+
+
+def test_a_terminal_gets_the_live_footer(tmp_path, tiny_model):
+    """A pty: rich draws the footer (phase, trials done, best so far, GPU time) and trial lines above it."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "AUTOTUNE_STATE_DIR": str(tmp_path / "state"), "TERM": "xterm", "COLUMNS": "200"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "study",
+                             *request(tiny_model, free_port(), "--trials", "2", "--no-remeasure")],
+                            cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the pty
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif proc.poll() is not None:
+                break
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+    assert rc == 0, text[-3000:]
+    assert "autotune study Llama-3.1-8B-Instruct-chat (2 trials): " in text  # the footer's first line
+    assert re.search(r"1/2 trials; best [0-9.]+ req/s \(trial 0\); GPU time \S+, about \S+ left", text), text[-3000:]
+    assert "trial 0 (baseline vllm-defaults) " in text and "trial 1 (baseline " in text
+    assert "best config against the baselines" in text  # the tables come after the footer is gone
