@@ -354,3 +354,18 @@ def test_an_invalid_args_message_names_the_toy_not_vllm(toy, tmp_path):
     rc, out, err, _ = _invalid_args_study(tmp_path)
     assert rc == 2 and "rejected" in err, _why(rc, out, err)
     assert "vLLM" not in err, err
+
+
+def test_vllm_sim_declares_its_gpu_and_knows_its_models():
+    """A study against vllm-sim sizes its space and pre-check for the simulated GPU, not for this host."""
+    from autotune.engine.kind import get_kind
+
+    sim = get_kind("vllm-sim")
+    (h100,) = sim.devices(["vllm-sim", "serve"])  # the sim's default
+    assert h100.name == "NVIDIA H100 80GB HBM3" and h100.total_bytes == 81559 << 20
+    (a10,) = sim.devices(["python", "-m", "autotune.sim.cli", "--gpu", "a10-24gb", "serve"])
+    assert a10.name == "NVIDIA A10"
+    assert sim.devices(["vllm-sim", "--gpu=no-such-gpu", "serve"]) == ()  # vllm-sim refuses it at start, saying why
+    assert sim.shape("meta-llama/Llama-3.1-8B-Instruct").layers == 32
+    assert sim.shape("no/such-model") is None
+    assert get_kind("vllm").devices(["vllm", "serve"]) is None  # real vLLM: NVML decides
