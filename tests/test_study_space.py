@@ -169,3 +169,22 @@ def test_a_step_counts_only_if_the_client_offered_its_load():
     step = Step(1, 10, s, s.verdicts(slo), 1.0, late)
     assert all(v.holds for v in step.verdicts) and not step.client_kept_up and not step.passed
     assert step.to_json()["offered_share"] == pytest.approx(1 / 1.2)
+
+
+def test_a_stepped_float_is_the_decimal_its_step_means():
+    """Optuna's 0.8 + 7 * 0.01 is 0.8700000000000001 in binary; the engine and a published YAML get 0.87."""
+    import optuna
+
+    from autotune.study.space import Param
+
+    p = Param(name="gpu_memory_utilization", kind="float", default=0.9, low=0.8, high=0.95, step=0.01)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+    for _ in range(40):
+        trial = study.ask()
+        value = p.sample(trial)
+        seen.append(value)
+        assert value == round(value, 2), value
+        assert abs(value - trial.params["gpu_memory_utilization"]) < 1e-9
+        study.tell(trial, 0.0)
+    assert len(set(seen)) > 5

@@ -232,7 +232,7 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
     d = _definition(a)
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     if not Path(exe).exists() and not shutil.which(exe):
-        raise ConfigError("optuna-dashboard is not installed: pip install 'autotune[dashboard]'")
+        raise ConfigError("optuna-dashboard is not installed (autotune depends on it): reinstall autotune, e.g. pip install -e .")
     argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
     print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -98,7 +98,10 @@ class Param:
         if self.kind == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         if self.kind == "float":
-            return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
+            value = trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
+            # Optuna's stepped floats are low + k * step in binary (0.8700000000000001): the value the engine,
+            # the console and a published config see is the decimal the step means
+            return round(value, 10) if self.step else value
         if self.kind == "bool":
             return trial.suggest_categorical(self.name, (False, True))
         return trial.suggest_categorical(self.name, self.choices)
