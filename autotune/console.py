@@ -116,7 +116,7 @@ def _measured(v: dict) -> str:
 
 def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
-    config = " ".join(f"{k}={v}" for k, v in r.params.items()) or "(the space's defaults)"
+    config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
     if r.failure_class:
         outcome = f"{r.failure_class}: {r.failure}"
     elif r.state == TrialState.PRUNED:
@@ -139,7 +139,7 @@ def _same(r: TrialRecord, other: TrialRecord | None) -> bool:
 def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
     """The same trial for machines (``autotune study --json``): one JSON object per line."""
     return {"event": "trial", "number": r.number, "label": r.label, "chosen_because": r.chosen_because,
-            "state": r.state.name.lower(), "params": r.params, "feasible": r.feasible,
+            "state": r.state.name.lower(), "params": r.params, "config": r.config, "feasible": r.feasible,
             "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
             "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s,
             "gain_over": reference.label if reference is not None and not _same(r, reference) else None,

@@ -129,3 +129,18 @@ def test_a_gain_beyond_the_spread_is_significant():
 def test_the_baseline_can_win_and_is_then_no_gain():
     v = judge([_cand("trial 4", [9.0, 9.0], 4), _cand("baseline xinference-4.1", [20.0, 20.0])])
     assert v.winner == "baseline xinference-4.1" and not v.significant
+
+
+def test_a_trial_record_shows_the_config_as_the_engine_ran_it():
+    """A baseline whose own value overrides the space's (production ran --max-num-seqs 8) shows 8, not the
+    space's 1024; a knob only the baseline sets is shown too; stepped floats are decimals."""
+    from optuna.trial import TrialState
+
+    from autotune.study.records import Attr, TrialRecord
+
+    r = TrialRecord(3, TrialState.COMPLETE, {"max_num_seqs": 1024, "gpu_memory_utilization": 0.8700000000000001},
+                    (1.0,), {Attr.BASELINE: "production", Attr.BASELINE_ARGS: {"block_size": 32},
+                             Attr.ENGINE_ARGS: {"values": {"max_num_seqs": 8, "block_size": 32,
+                                                           "gpu_memory_utilization": 0.8700000000000001},
+                                                "env": {}}})
+    assert r.config == {"max_num_seqs": 8, "gpu_memory_utilization": 0.87, "block_size": 32}

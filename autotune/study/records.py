@@ -143,6 +143,16 @@ class TrialRecord:
         return list(self.attrs.get(Attr.ARGV, []))
 
     @property
+    def config(self) -> dict[str, Any]:
+        """The searched knobs as the engine ran them: Optuna's params, overridden by what was really passed
+        (a baseline's own values, the space's rules) and stepped floats in decimal."""
+        ran = self.attrs.get(Attr.ENGINE_ARGS) or {}
+        passed = {**ran.get("env", {}), **ran.get("values", {})}
+        keys = [*self.params, *(k for k in self.attrs.get(Attr.BASELINE_ARGS) or {} if k not in self.params)]
+        out = {k: passed.get(k, self.params.get(k)) for k in keys}
+        return {k: round(v, 10) if isinstance(v, float) else v for k, v in out.items()}
+
+    @property
     def engine_args(self) -> EngineArgs:
         a = self.attrs[Attr.ENGINE_ARGS]
         return EngineArgs(dict(a["values"]), dict(a["env"]))
