@@ -380,6 +380,8 @@ class StudyRun:
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
         cands = [Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env)) for label, r in picks]
+        self.notice(f"re-measuring {', '.join(c.label for c in cands)}, {self.d.remeasure_repeats} times each, "
+                    "interleaved: the winner goes by median, and a gain must beat the spread")
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
@@ -390,6 +392,7 @@ class StudyRun:
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
                 )
                 c.capacities.append(out.capacity_rps)
+                self.notice(f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s")
                 c.runs.append([s.to_json() for s in out.steps])
         verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
