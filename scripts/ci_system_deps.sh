@@ -4,6 +4,10 @@
 #   systemd      systemd-analyze (tests/test_systemd.py: verify + security of systemd/*.service)
 #   postgresql   server binaries initdb, pg_ctl, postgres (tests that run a real PostgreSQL)
 #   nodejs       node (tests/test_systemd.py evaluates the polkit rule, which is JavaScript)
+#   chromium     headless Chromium (tests/test_screenshots.py renders the report and optuna-dashboard;
+#                scripts/screenshots.py makes docs/*.png)
+#   fonts-dejavu-core  the font the screenshots are drawn in (fontconfig usually brings it; checked so that
+#                every host draws the same text)
 #
 #   sudo bash scripts/ci_system_deps.sh
 #
@@ -32,6 +36,8 @@ missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 have_postgres || missing+=(postgresql)
 command -v node >/dev/null || missing+=(nodejs)
+command -v chromium >/dev/null || missing+=(chromium)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -144,3 +144,10 @@ def test_a_trial_record_shows_the_config_as_the_engine_ran_it():
                                                            "gpu_memory_utilization": 0.8700000000000001},
                                                 "env": {}}})
     assert r.config == {"max_num_seqs": 8, "gpu_memory_utilization": 0.87, "block_size": 32}
+
+
+def test_a_tie_goes_to_the_baseline():
+    """Equal medians: nothing to gain by changing the config, so the baseline stays the winner."""
+    v = judge([_cand("trial 4", [10.0, 10.0], 4), _cand("trial 6", [10.0, 10.0], 6),
+               _cand("baseline vllm-defaults", [10.0, 10.0])])
+    assert v.winner == "baseline vllm-defaults" and v.gain_rps == 0.0 and not v.significant

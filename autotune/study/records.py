@@ -204,11 +204,12 @@ class Remeasurement:
 def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
-    The winner goes by median; a gain over the baseline no larger than the spread of either
+    The winner goes by median, the baseline on a tie; a gain over the baseline no larger than the spread of either
     (max - min of their runs) is not significant: on a noisy host it could be luck.
     """
     base = cands[-1]
-    winner = max(cands, key=lambda c: c.median)
+    # a tie goes to the baseline: a config as good as the known one is no reason to change anything
+    winner = max(cands, key=lambda c: (c.median, c is base))
     noise = max(winner.spread, base.spread)
     gain = winner.median - base.median
     return Remeasurement(
