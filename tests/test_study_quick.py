@@ -59,6 +59,16 @@ def test_init_writes_an_annotated_study_that_loads(tmp_path, tiny_model):
     assert again.returncode == 2 and "exists: give another --out, or --force" in again.stderr
 
 
+def test_without_a_gpu_init_says_it_tunes_the_cpu_backend_and_how_to_name_a_gpu(tmp_path, tiny_model):
+    """This host has no NVIDIA GPU: with real vLLM (not the sim) the study is a CPU study, and it says so."""
+    r = autotune(tmp_path, "init", "--model", str(tiny_model), "--slo", "ttft<1s", "--rate", "2", "--out", "s.toml")
+    assert r.returncode == 0, r.stderr
+    assert "no NVIDIA GPU is visible to NVML" in r.stderr and "add [engine.gpu]" in r.stderr
+    d = load_study(tmp_path / "s.toml")
+    assert d.platform == "cpu" and d.gpus is None and d.command.nice == 10
+    assert d.workload.tokenizer == tiny_model.resolve()  # the model's own directory
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model", "no/such-model", "--slo", "ttft<1s", "--rate", "2"], "is not a local directory"),
     (["--model", "{tiny}", "--rate", "2"], "give the latency promise to tune for: --slo"),

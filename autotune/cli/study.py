@@ -109,6 +109,10 @@ def _render(a: argparse.Namespace) -> tuple[str, str]:
     kind = kind_for_command(EngineCommand.parse_command(req.engine_command))
     g = platform.gpus[0] if platform.gpus else None
     space = kind.default_space(platform.name, g.total_bytes / (1 << 30) if g else 0.0, g.name if g else "")
+    if platform.name == "cpu":
+        print("autotune: note: no NVIDIA GPU is visible to NVML here, so the study tunes vLLM's CPU backend; to "
+              "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
+              file=sys.stderr)
     return study_name(req), validated(render_study(req, platform, space))
 
 
