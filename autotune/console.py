@@ -264,6 +264,7 @@ class _StudyLog:
         self.path = path
         self.logger = logging.getLogger("autotune.study")
         self._handler: logging.Handler | None = None
+        self._console: logging.Handler | None = None
 
     def __enter__(self) -> _StudyLog:
         import logging
@@ -279,7 +280,12 @@ class _StudyLog:
             logger = logging.getLogger(name)
             logger.addHandler(self._handler)
             logger.setLevel(min(logger.level or logging.INFO, logging.INFO))
-        self.logger.propagate = True
+        # autotune's own warnings (an engine reaped, a note not written) still reach the console, as they
+        # would with no logging set up; its info lines and all of Optuna's stay in the file
+        self._console = logging.StreamHandler(sys.stderr)
+        self._console.setLevel(logging.WARNING)
+        self._console.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("autotune").addHandler(self._console)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -290,6 +296,7 @@ class _StudyLog:
         if self._handler is not None:
             for name in ("optuna", "autotune"):
                 logging.getLogger(name).removeHandler(self._handler)
+            logging.getLogger("autotune").removeHandler(self._console)
             self._handler.close()
         optuna.logging.enable_default_handler()
 
@@ -351,16 +358,89 @@ def print_pareto(front) -> None:
         out.print("no trial met every SLO: the front is empty")
 
 
-def print_history(entries) -> None:
-    """The publish history, newest last: what production ran and why it changed."""
+def print_history(entries, production=None) -> None:
+    """The publish history, newest last: what production ran, what each entry changed against the good
+    config before it, and why. Names are never cut: the table is as wide as its content. Under it, the
+    proposal that waits for approval: its values, its diff against ``production`` (the values production
+    runs now; default: the last good entry's) and its gain."""
     import time
 
+    good_before: dict[int, object] = {}
+    last = None
+    for e in entries:
+        good_before[e.number] = last
+        if e.outcome in ("adopted", "published"):
+            last = e
     t = Table(title="publish history")
-    for col in ("entry", "when", "outcome", "source", "reason"):
-        t.add_column(col)
+    for col in ("entry", "when", "outcome", "source", "changes", "reason"):
+        t.add_column(col, no_wrap=col in ("entry", "when", "outcome", "source"))
     for e in entries:
         src = e.source.get("study", "") + (f" trial {e.source['trial']}" if "trial" in e.source else "")
         if "rollback_to" in e.source:
             src = f"rollback to {e.source['rollback_to']}"
-        t.add_row(str(e.number), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.time)), e.outcome, src, e.reason)
-    out.print(t)
+        before = good_before[e.number]
+        changes = "as found" if e.outcome == "adopted" or before is None else (
+            ", ".join(config_diff(before.values, e.values)) or "none")
+        t.add_row(str(e.number), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.time)), e.outcome, src, changes,
+                  e.reason)
+    _print_whole(t)
+    proposal = next((e for e in reversed(entries) if e.outcome == "proposed"), None)
+    if proposal is not None:
+        for line in proposal_lines(proposal, production if production is not None else
+                                   (last.values if last is not None else None)):
+            out.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
+
+
+def _print_whole(table: Table) -> None:
+    """A table at the width its content needs, wider than the terminal if it must: nothing cut."""
+    from rich.measure import Measurement
+
+    need = Measurement.get(out, out.options.update_width(100_000), table).maximum
+    width = out.width
+    if need <= width:
+        out.print(table)
+        return
+    out.width = need  # rich prints no wider than its console: widen it for this table
+    try:
+        out.print(table, crop=False)
+    finally:
+        out.width = width
+
+
+def _shown(v) -> str:
+    return f"{v:.10g}" if isinstance(v, float) else str(v)
+
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    """``key old -> new`` for each value that differs ("unset" where one side has none), in key order."""
+    lines = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, float) or isinstance(b, float):
+            same = a is not None and b is not None and _shown(a) == _shown(b)
+        else:
+            same = a == b
+        if not same:
+            lines.append(f"{k} {'unset' if k not in old else _shown(a)} -> {'unset' if k not in new else _shown(b)}")
+    return lines
+
+
+def proposal_lines(entry, production: dict | None) -> list[str]:
+    """What an approver reads about a proposal: where it comes from, its gain, its values, its diff."""
+    src = entry.source
+    head = f"proposal: entry {entry.number}"
+    if "study" in src:
+        head += f", trial {src.get('trial')} of {src['study']}"
+    if src.get("trigger"):
+        head += f" (tuned because: {src['trigger']})"
+    lines = [head]
+    if src.get("why"):
+        lines.append(f"  gain: {src['why']}")
+    lines.append("  values: " + (" ".join(f"{k}={_shown(v)}" for k, v in entry.values.items()) or "none"))
+    if production is None:
+        lines.append("  against production: production's config is not known")
+    else:
+        diff = config_diff(production, entry.values)
+        lines.append("  against production: " + ("; ".join(diff) if diff else "the same config"))
+    lines.append("  decide: autotune publish --config FILE --approve | --reject")
+    return lines
