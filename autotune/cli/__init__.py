@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
     for name, text in (("retune", "ask the running daemon to tune now (it starts at its next tick)"),
                        ("status", "the daemon's state and its publish history"),
+                       ("history", "the daemon's publish history: each entry, its changes, the proposal's diff"),
                        ("publish", "publish the daemon's waiting proposal (approval mode), or reject it"),
                        ("rollback", "put production back on an earlier good config, by hand")):
         q = sub.add_parser(name, help=text)
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             handler = {"study": study.cmd_study, "init": study.cmd_init, "dashboard": study.cmd_dashboard,
                        "report": study.cmd_report, "daemon": daemon.cmd_daemon, "retune": daemon.cmd_retune,
                        "status": daemon.cmd_status, "publish": daemon.cmd_publish, "rollback": daemon.cmd_rollback,
+                       "history": daemon.cmd_history,
                        "capture": cmd_capture}.get(a.command)
             if handler is not None:
                 return handler(a)

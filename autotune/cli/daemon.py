@@ -10,7 +10,7 @@ import time
 from autotune.cli import EXIT_OK, EXIT_SLO_MISS
 from autotune.errors import ConfigError
 
-__all__ = ["cmd_daemon", "cmd_retune", "cmd_status", "cmd_publish", "cmd_rollback"]
+__all__ = ["cmd_daemon", "cmd_retune", "cmd_status", "cmd_history", "cmd_publish", "cmd_rollback"]
 
 
 def cmd_daemon(a: argparse.Namespace) -> int:
@@ -37,35 +37,78 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     return rc
 
 
-def _daemon_parts(a: argparse.Namespace):
+def _daemon_parts(a: argparse.Namespace, *, need_state: bool = True):
+    """The daemon's config, the directory its daemon keeps its state in (found from the config, whatever
+    this environment's state directory is), its state store and history. With ``need_state``, a
+    ConfigError (one line) when no daemon has kept state there yet."""
     from autotune.daemon.config import load_daemon_config
-    from autotune.daemon.production import daemon_root
+    from autotune.daemon.production import find_daemon_root, has_state
     from autotune.daemon.state import StateStore
     from autotune.publish.history import History
 
     cfg = load_daemon_config(a.config)
-    root = daemon_root(cfg)
+    root, looked = find_daemon_root(cfg)
+    if need_state and not has_state(root):
+        raise ConfigError(_no_state(cfg, looked))
     return cfg, root, StateStore(root), History(root / "history")
 
 
+def _no_state(cfg, looked) -> str:
+    where = " nor ".join(str(p) for p in looked)
+    how = ("start it with this config" if cfg.state_dir is not None else
+           f"start it with this config, or name the directory it keeps its state in with state_dir in {cfg.source}")
+    return f"no daemon named {cfg.name!r} has kept state in {where} yet: {how}"
+
+
+def _pending_why(cfg, st) -> str:
+    """Why a retune request has not started a tuning yet, in words."""
+    import datetime as dt
+
+    from autotune.daemon.state import Phase
+
+    if st.phase is not Phase.WATCHING:
+        return f"the daemon is {st.phase.value.replace('_', ' ')}; it takes the request once it watches again"
+    if not cfg.may_tune_at(dt.datetime.now()):
+        return f"outside the tuning windows ({cfg.windows_text()}); it starts when one opens"
+    if "full window of traffic" in st.note:
+        return "waiting for a full window of production's traffic to imitate"
+    return "the daemon takes it at its next tick"
+
+
 def cmd_retune(a: argparse.Namespace) -> int:
-    _, _, store, _ = _daemon_parts(a)
+    from autotune.daemon.production import has_state
+
+    cfg, root, store, _ = _daemon_parts(a, need_state=False)
     store.request_retune(a.reason)
-    print(f"autotune: retune requested ({a.reason}); the daemon starts it at its next tick "
-          "(tuning windows still apply; a request skips the cooldown)")
+    if not has_state(root):  # a daemon started later with this config reads it there
+        print(f"autotune: note: {_no_state(cfg, [root])}; the request waits for it in {root}", file=sys.stderr)
+    print(f"autotune: retune requested ({a.reason}); pending: {_pending_why(cfg, store.load())} "
+          "(a request skips the cooldown; autotune status shows it)")
     return EXIT_OK
 
 
 def cmd_status(a: argparse.Namespace) -> int:
     from autotune.console import print_history
 
-    _, _, store, history = _daemon_parts(a)
+    cfg, root, store, history = _daemon_parts(a)
     st = store.load()
     print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
     print(f"note: {st.note}")
+    print(f"state: {root}")
+    request = store.retune_request()
+    if request is not None:
+        print(f"retune: requested ({request}), pending: {_pending_why(cfg, st)}")
     if st.scrape_error:
         when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.scrape_error_at))
         print(f"production scrape: {'failing' if st.scrape_failing else 'ok'}; last error at {when}: {st.scrape_error}")
+    print_history(history.entries())
+    return EXIT_OK
+
+
+def cmd_history(a: argparse.Namespace) -> int:
+    from autotune.console import print_history
+
+    _, _, _, history = _daemon_parts(a)
     print_history(history.entries())
     return EXIT_OK
 
@@ -76,11 +119,11 @@ def cmd_publish(a: argparse.Namespace) -> int:
     from autotune.publish.transaction import PublishLock, publish
     from autotune.study.definition import load_study
 
-    cfg, root, store, history = _daemon_parts(a)
+    cfg, root, store, history = _daemon_parts(a, need_state=False)
     with PublishLock(root):
         proposal = history.proposal()
         if proposal is None:
-            raise ConfigError("no proposal waits for approval (autotune status shows the history)")
+            raise ConfigError("no proposal waits for approval (autotune history shows the history)")
         if a.reject:
             history.settle(proposal, "rejected", reason="rejected by hand")
             print(f"autotune: entry {proposal.number} rejected; production unchanged")
@@ -98,12 +141,17 @@ def cmd_publish(a: argparse.Namespace) -> int:
 
 def cmd_rollback(a: argparse.Namespace) -> int:
     from autotune.daemon.production import build_target
-    from autotune.publish.transaction import PublishLock, rollback
+    from autotune.publish.transaction import PublishLock, rollback, rollback_choice
 
     if a.to is not None and a.to < 1:
-        raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; autotune status lists them")
-    cfg, root, _, history = _daemon_parts(a)
+        raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; "
+                          "autotune history lists them")
+    cfg, root, _, history = _daemon_parts(a, need_state=False)
     with PublishLock(root):
+        good = rollback_choice(history, a.to)
         entry = rollback(build_target(cfg), history, a.to)
+    if entry is None:
+        print(f"autotune: production already runs entry {good.number}'s config: nothing changed, nothing restarted")
+        return EXIT_OK
     print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")
     return EXIT_OK

@@ -1,6 +1,9 @@
 """The daemon's configuration (``autotune daemon --config /etc/autotune/daemon.toml``).
 
     name = "production"                  # names the daemon's state, history and studies
+    state_dir = "/var/lib/autotune"      # where its state lives (STATE_DIR/daemon/NAME), for the daemon
+                                         # and for status, retune, history, publish and rollback alike;
+                                         # default: $AUTOTUNE_STATE_DIR, $STATE_DIRECTORY, ~/.local/state
     slos = ["ttft<800ms", "tpot<50ms"]
 
     [production]                         # the engine that serves users, and how a config reaches it
@@ -113,9 +116,14 @@ class DaemonConfig:
     approval: bool = False
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9464)
     source: Path | None = None
+    state_dir: Path | None = None  # where the daemon keeps its state (None: locations.state_dir())
 
     def may_tune_at(self, now: dt.datetime) -> bool:
         return not self.tuning_windows or any(w.contains(now.time()) for w in self.tuning_windows)
+
+    def windows_text(self) -> str:
+        """The tuning windows as written ("01:00-05:00, 13:00-14:00"); "" when any time will do."""
+        return ", ".join(f"{w.start:%H:%M}-{w.end:%H:%M}" for w in self.tuning_windows)
 
 
 _SEE = "see autotune/daemon/config.py"
@@ -125,11 +133,16 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     """The daemon file at ``path``; ``serving``: the daemon itself is starting, so its metrics port must be free."""
     p = Path(path)
     top = Table.of_file(p, "daemon config", see=_SEE)
-    top.only({"name", "slos", "production", "staging", "watch", "triggers", "tuning", "publish", "metrics"})
+    top.only({"name", "state_dir", "slos", "production", "staging", "watch", "triggers", "tuning", "publish",
+              "metrics"})
     w = p.name
     name = top.string("name", "production")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ConfigError(f"{w}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
+    # the daemon and the commands beside it (status, retune, ...) read their state here, whatever the
+    # environment says: under systemd, StateDirectory=autotune is /var/lib/autotune
+    state = top.string("state_dir", "")
+    state_dir = p.parent / state if state else None  # an absolute path stays itself
     slos = read_slos(top)
     if not slos:
         raise ConfigError(f"{w}: give the SLOs production must meet, e.g. slos = [\"ttft<800ms\"]")
@@ -181,7 +194,7 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     return DaemonConfig(
         name=name, slos=slos, production=production, staging_study=study, staging_trace=trace,
         scrape_interval_s=scrape_interval, window_s=window, triggers=triggers, tuning_windows=windows,
-        canary_requests=canary_requests, approval=approval, metrics_listen=listen, source=p,
+        canary_requests=canary_requests, approval=approval, metrics_listen=listen, source=p, state_dir=state_dir,
     )
 
 

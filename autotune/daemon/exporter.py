@@ -48,6 +48,8 @@ class DaemonMetrics:
         self.scrape_errors = Counter("autotune_production_scrape_errors", "Failed scrapes of production's /metrics",
                                      registry=r)
         self.tunings = Counter("autotune_tunings", "Tunings started, by trigger kind", ["trigger"], registry=r)
+        self._counted: dict[str, float] = {}  # what the counters hold from the history so far
+        self._last: tuple[int, str] | None = None  # the last publish or rollback the gauges show
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
@@ -68,6 +70,42 @@ class DaemonMetrics:
                 self.slo_value.labels(e.slo.text).set(e.value)
             if e.holds is not None:
                 self.slo_met.labels(e.slo.text).set(1.0 if e.holds else 0.0)
+
+    def from_history(self, entries: Iterable[Any]) -> None:
+        """Publishes, rollbacks (the daemon's and those by hand, which ``autotune rollback`` records in the
+        history from another process), the last publish and production's config, from the publish history:
+        the same after a daemon restart as before it. Counters only go up: each call adds what is new."""
+        entries = list(entries)
+        publishes: dict[str, int] = {}
+        rollbacks, last, production = 0, None, None
+        for e in entries:
+            by_hand = "rollback_to" in e.source
+            if e.outcome in ("published", "rolled-back"):
+                last = e
+                if by_hand:
+                    rollbacks += 1
+                else:
+                    failed = e.outcome == "rolled-back" and (" FAILED" in e.reason or "no earlier good" in e.reason)
+                    outcome = "rollback-failed" if failed else e.outcome
+                    publishes[outcome] = publishes.get(outcome, 0) + 1
+                    rollbacks += e.outcome == "rolled-back"
+            if e.outcome in ("adopted", "published"):
+                production = e
+        for outcome, n in publishes.items():
+            self._count(f"publishes:{outcome}", n, self.publishes.labels(outcome))
+        self._count("rollbacks", rollbacks, self.rollbacks)
+        if last is not None and (last.number, last.outcome) != self._last:  # news: a restart, or another process
+            self._last = (last.number, last.outcome)
+            self.last_publish.set(last.time)  # when it started: the history keeps no end time
+            self.last_publish_ok.set(1.0 if last.outcome == "published" else 0.0)
+        if production is not None:
+            self.set_production(production.number, production.values)
+
+    def _count(self, key: str, total: float, counter: Any) -> None:
+        new = total - self._counted.get(key, 0.0)
+        if new > 0:
+            counter.inc(new)
+            self._counted[key] = total
 
     def published(self, outcome: str, when: float) -> None:
         self.publishes.labels(outcome).inc()

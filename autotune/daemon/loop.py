@@ -10,7 +10,9 @@ updates the metrics, and advances the state machine (state.py). Long work never 
   its phase and keeps the watchdog fed through a 15-minute health wait.
 
 Everything needed to resume is in the state file and the publish history under the state
-directory ($STATE_DIRECTORY under systemd).
+directory (the config's ``state_dir``, else $STATE_DIRECTORY under systemd); the publish and
+rollback metrics are read back from that history, so a restart keeps them and a rollback by hand
+(`autotune rollback`, another process) counts.
 
 What the daemon says goes to stderr (the journal under systemd) in one line each, only when
 something changes: production's metrics stop answering, and answer again.
@@ -33,7 +35,7 @@ from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary
 from autotune.daemon.state import Observation, Phase, StateStore, decide
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import TuningChild, beats_production, write_tuning_study
+from autotune.daemon.tuning import TuningChild, choose, write_tuning_study
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import History
@@ -108,6 +110,7 @@ class Daemon:
         elif self._job is not None and self._job.done():
             self._publish_done()
         self.metrics.set_phase(self.state.phase.value)
+        self._history_metrics()
         notify.status(f"{self.state.phase.value}: {self.state.note}"[:200])
 
     def _set(self, phase: Phase, **changes: Any) -> None:
@@ -166,9 +169,12 @@ class Daemon:
     def _watching(self, obs: Observation | None) -> None:
         now = time.time()
         t = self.cfg.triggers
+        # a request by hand stays pending (its file stays) until a tuning starts: outside the tuning windows
+        # it waits for one, as any trigger does, and `autotune status` says so
+        manual = self.store.retune_request()
         d = decide(self.state, obs, now=now, drift_threshold=t.drift, breach_windows=t.breach_windows,
                    every_s=t.every_s, cooldown_s=t.cooldown_s, in_window=self.cfg.may_tune_at(dt.datetime.now()),
-                   manual=self.store.take_retune_request())
+                   manual=manual, windows=self.cfg.windows_text())
         if d.trigger is None:
             note = d.waiting or "watching"
             if self.state.scrape_failing:
@@ -177,9 +183,9 @@ class Daemon:
             return
         if self.fingerprint is None:
             self._note(f"{d.trigger}; waiting for a full window of traffic to imitate", breach_streak=d.breach_streak)
-            if d.trigger.startswith("requested"):
-                self.store.request_retune(d.trigger[len("requested: "):])  # keep the request
             return
+        if manual is not None:
+            self.store.clear_retune_request()  # taken: this tuning is the one it asked for
         self._start_tuning(d.trigger, self.fingerprint)
 
     # -- tuning --------------------------------------------------------------------------------
@@ -234,12 +240,13 @@ class Daemon:
         if rc == 1 or result.remeasurement is None:
             self._set(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs", **done)
             return
-        winner = result.trial(result.remeasurement.winner_trial)
-        self.metrics.best_capacity.set(winner.capacity_rps)
-        better, why = beats_production(result)
-        if not better:
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({why})", **done)
+        self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
+        choice = choose(result)
+        if choice.trial is None:
+            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why})",
+                      **done)
             return
+        winner, why = result.trial(choice.trial), choice.why
         values = dict(winner.engine_args.values)
         source = {"study": st.study_name, "trial": winner.number, "trigger": st.trigger,
                   "capacity_rps": winner.capacity_rps, "why": why}
@@ -282,12 +289,12 @@ class Daemon:
         try:
             result = job.result()
         except AutotuneError as e:  # the rollback failed too: say so everywhere, keep watching
-            self.metrics.published("rollback-failed", time.time())
             self._set(Phase.WATCHING, note=f"PRODUCTION NEEDS A PERSON: {e}")
+            self._history_metrics()
+            self.metrics.last_publish.set(time.time())  # ended now
             return
-        self.metrics.published(result.outcome, time.time())
-        if result.ok:
-            self.metrics.set_production(result.entry.number, result.entry.values)
+        self._history_metrics()
+        self.metrics.last_publish.set(time.time())  # ended now
         self._set(Phase.WATCHING, note=f"entry {result.entry.number}: {result.outcome}"
                   + (f" ({result.entry.reason})" if result.entry.reason else ""))
 
@@ -307,6 +314,12 @@ class Daemon:
             # the transaction settled above; the phase it was in when the daemon died is history
             with self._lock:
                 self.state = self.store.save(replace(self.state, phase=Phase.WATCHING, since=time.time()))
-        good = self.history.last_good()
-        if good is not None:
-            self.metrics.set_production(good.number, good.values)
+        self._history_metrics()
+
+    def _history_metrics(self) -> None:
+        """Publish and rollback metrics from the history: restored after a restart, and counting the rollbacks
+        `autotune rollback` made from another process."""
+        try:
+            self.metrics.from_history(self.history.entries())
+        except AutotuneError:  # a damaged entry: the history's own commands say which; metrics wait
+            pass

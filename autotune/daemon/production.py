@@ -16,12 +16,44 @@ from autotune.publish.target import Target, create_target
 from autotune.publish.transaction import Canary
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 
-__all__ = ["build_target", "production_canary", "daemon_root"]
+__all__ = ["build_target", "production_canary", "daemon_root", "find_daemon_root", "has_state", "SYSTEMD_STATE_DIR"]
+
+SYSTEMD_STATE_DIR = Path("/var/lib/autotune")  # systemd/autotune.service: StateDirectory=autotune
 
 
 def daemon_root(cfg: DaemonConfig) -> Path:
-    """Where this daemon keeps its state, history and tunings."""
-    return state_dir() / "daemon" / cfg.name
+    """Where this daemon keeps its state, history and tunings: under the config's ``state_dir`` when it
+    names one, else under locations.state_dir() ($AUTOTUNE_STATE_DIR, $STATE_DIRECTORY, ~/.local/state)."""
+    return (cfg.state_dir or state_dir()) / "daemon" / cfg.name
+
+
+def _has_state(root: Path) -> bool:
+    try:
+        return (root / "state.json").is_file() or (root / "history").is_dir()
+    except OSError:  # a directory we may not read: not ours to use
+        return False
+
+
+def find_daemon_root(cfg: DaemonConfig) -> tuple[Path, list[Path]]:
+    """For the commands beside a daemon (status, retune, publish, rollback, history): the directory its
+    daemon keeps its state in, found from its config, and the directories looked in.
+
+    The config's ``state_dir`` decides when it names one. Else the first of this environment's state
+    directory and systemd's (/var/lib/autotune) where a daemon of this name has left state; when
+    neither has any, this environment's (the caller says that no daemon has run there yet)."""
+    if cfg.state_dir is not None:
+        root = daemon_root(cfg)
+        return root, [root]
+    looked = list(dict.fromkeys([state_dir() / "daemon" / cfg.name, SYSTEMD_STATE_DIR / "daemon" / cfg.name]))
+    for root in looked:
+        if _has_state(root):
+            return root, looked
+    return looked[0], looked
+
+
+def has_state(root: Path) -> bool:
+    """Has a daemon kept state (its state file or its publish history) in ``root``?"""
+    return _has_state(root)
 
 
 def build_target(cfg: DaemonConfig) -> Target:

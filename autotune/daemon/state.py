@@ -12,7 +12,8 @@ was in flight is verified again or rolled back (publish.transaction.recover).
 ``decide`` is the trigger logic, pure: drift of the traffic fingerprint since the config was
 tuned, a sustained SLO breach, a schedule, or a request by hand; a cooldown after every
 tuning (hysteresis: a trigger that keeps firing does not restart tunings back to back) and
-the allowed time windows gate them.
+the allowed time windows gate them. A request by hand (``autotune retune``) skips the cooldown,
+not the windows: it stays pending (its file stays) until the tuning it asks for starts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from autotune.errors import IllegalTransition
 from autotune.locations import atomic_write
 
-__all__ = ["Phase", "DaemonState", "StateStore", "decide", "IllegalTransition"]
+__all__ = ["Phase", "DaemonState", "StateStore", "decide", "duration_text", "IllegalTransition"]
 
 
 class Phase(str, enum.Enum):
@@ -99,11 +100,19 @@ class StateStore:
         """``autotune retune``: a file the daemon picks up on its next tick (no socket to secure)."""
         atomic_write(self.retune_flag, reason + "\n")
 
-    def take_retune_request(self) -> str | None:
-        if not self.retune_flag.exists():
+    def retune_request(self) -> str | None:
+        """The pending request's reason (None: none); it stays pending until ``clear_retune_request``."""
+        try:
+            return self.retune_flag.read_text(encoding="utf-8", errors="replace").strip() or "by hand"
+        except FileNotFoundError:
             return None
-        reason = self.retune_flag.read_text().strip() or "by hand"
+
+    def clear_retune_request(self) -> None:
         self.retune_flag.unlink(missing_ok=True)
+
+    def take_retune_request(self) -> str | None:
+        reason = self.retune_request()
+        self.clear_retune_request()
         return reason
 
 
@@ -124,8 +133,10 @@ class Decision:
 
 def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_threshold: float,
            breach_windows: int, every_s: float, cooldown_s: float, in_window: bool,
-           manual: str | None = None) -> Decision:
-    """Whether a watching daemon starts a tuning now (pure: the tests drive it with made-up windows)."""
+           manual: str | None = None, windows: str = "") -> Decision:
+    """Whether a watching daemon starts a tuning now (pure: the tests drive it with made-up windows).
+
+    ``windows`` names the tuning windows in the note of a trigger held outside them."""
     streak = state.breach_streak
     if obs is not None and obs.breach is not None:
         streak = streak + 1 if obs.breach else 0
@@ -133,7 +144,10 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
     if manual:
         reason = f"requested: {manual}"
     elif obs is not None and obs.drift is not None and obs.drift > drift_threshold:
-        reason = f"traffic drift {obs.drift:.2f} > {drift_threshold:.2f}"
+        if f"{obs.drift:.2f}" == f"{drift_threshold:.2f}":  # never "0.50 > 0.50"
+            reason = f"traffic drift {obs.drift:.3f} reached the threshold ({drift_threshold:.2f})"
+        else:
+            reason = f"traffic drift {obs.drift:.2f} > {drift_threshold:.2f}"
     elif streak >= breach_windows > 0:
         reason = f"SLO missed in {streak} windows in a row"
     elif every_s > 0 and state.last_tuning_end and now - state.last_tuning_end >= every_s:
@@ -142,7 +156,19 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
         return Decision(None, streak)
     if not manual and state.last_tuning_end and now - state.last_tuning_end < cooldown_s:
         left = cooldown_s - (now - state.last_tuning_end)
-        return Decision(None, streak, waiting=f"{reason}; held by the cooldown for {left / 60:.0f} min")
+        return Decision(None, streak, waiting=f"{reason}; held by the cooldown for {duration_text(left)} more")
     if not in_window:
-        return Decision(None, streak, waiting=f"{reason}; held until a tuning window opens")
+        return Decision(None, streak, waiting=f"{reason}; held until a tuning window opens"
+                        + (f" ({windows})" if windows else ""))
     return Decision(reason, 0)
+
+
+def duration_text(seconds: float) -> str:
+    """A wait in words a person reads: "40 s", "12 min", "5 h 30 min" (never "0 min")."""
+    s = max(int(round(seconds)), 0)
+    if s < 90:
+        return f"{s} s"
+    if s < 5400:
+        return f"{round(s / 60)} min"
+    h, m = divmod(round(s / 60), 60)
+    return f"{h} h {m} min" if m else f"{h} h"

@@ -2,7 +2,9 @@
 
 A tuning is ``autotune study`` in a child process on a study derived from the staging study
 (study.definition.derive_study): production's traffic as its workload, production's config and
-the winners of earlier tunings as baselines. Optuna's storage keeps every trial, so a daemon
+the winners of earlier tunings as baselines (``warm_starts``: never one the study measures anyway,
+at most a third of the budget). Whether production gets the result is ``choose``'s call: a
+significant gain over production's config, never a tie. Optuna's storage keeps every trial, so a daemon
 restart resumes the same study; stopping the daemon interrupts the child (SIGINT), which stops
 its staging engine and leaves the study resumable.
 """
@@ -12,19 +14,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from autotune.daemon.fingerprint import Fingerprint, workload_from
+from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition, derive_study
-from autotune.study.records import StudyResult, earlier_winners
+from autotune.study.records import Attr, StudyResult
 from autotune.study.runner import build_space
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
-__all__ = ["TUNING_REQUESTS", "write_tuning_study", "beats_production", "TuningChild"]
+__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "write_tuning_study", "warm_starts", "choose", "TuningChild"]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
+MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
+WARM_SHARE = 3  # earlier winners take at most a third of a tuning's trial budget
+WARM_TOP = 3  # and never more than this many
 
 
 def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, name: str, slos: list[str],
@@ -45,34 +54,115 @@ def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, 
     production = {k: v for k, v in (deployed or {}).items() if k in names}
     if production:
         baselines["production"] = production
-    for i, values in enumerate(earlier_winners(staging.storage, prefix, names)):
+    for i, values in enumerate(warm_starts(staging, prefix, production)):
         baselines[f"earlier-{i + 1}"] = values
     return derive_study(template, path, name=name, storage=staging.storage, runs_dir=staging.runs_dir, slos=slos,
                         trace=trace, tokenizer=staging.workload.tokenizer,
                         step_duration=f"{max(workload.span_s / 2, 10):.0f}s", baselines=baselines)
 
 
-def beats_production(result: StudyResult) -> tuple[bool, str]:
-    """Is the re-measured winner better than production's config by more than the noise?
+def _norm(values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A config as a comparable key: floats rounded (0.8600000000000001 is 0.86)."""
+    return tuple(sorted((k, round(v, 6) if isinstance(v, float) else v) for k, v in values.items()))
 
-    The study's own verdict compares the winner with the best *baseline*; what matters here is
-    production's config (the "production" baseline): re-measured if it was the best baseline,
-    else its one measurement. Without it, the study's verdict decides.
+
+def warm_starts(staging: StudyDefinition, prefix: str, production: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configs of earlier winners worth measuring again: the best feasible trial configs (as they ran)
+    of the studies named ``prefix``*, best first, without those the tuning measures anyway (production's
+    config, the study's own baselines such as vllm-defaults) and without repeats; at most a third of
+    the trial budget, and never so many that no sampled trial is left."""
+    space = build_space(staging)
+    names = set(space.names())
+    extra = [(b.name, b.values) for b in staging.baselines if b.name != "production"]
+    if production:
+        extra.append(("production", production))
+    # what the study runs anyway, as it runs it: the point, overridden by values the space does not reach
+    points = baseline_points(space, staging.builtin_baselines, extra)
+    seen = {_norm({k: v for k, v in {**b.params, **b.extra_args}.items() if k in names}) for b in points}
+    cap = WARM_TOP
+    if staging.budget.trials is not None:
+        cap = min(cap, staging.budget.trials // WARM_SHARE, max(staging.budget.trials - len(points) - 1, 0))
+    found: list[tuple[float, dict[str, Any]]] = []
+    try:
+        summaries = optuna.get_all_study_summaries(staging.storage)
+    except Exception:  # no storage yet: nothing learned
+        return []
+    for s in summaries:
+        if s.study_name.startswith(prefix):
+            for r in StudyResult.load(staging.storage, s.study_name).records:
+                if r.feasible and r.values and r.values[0] > 0:
+                    found.append((r.values[0], {k: v for k, v in r.config.items() if k in names}))
+    found.sort(key=lambda x: -x[0])
+    out: list[dict[str, Any]] = []
+    for _, values in found:
+        if len(out) >= cap:
+            break
+        try:
+            key = _norm(space.complete(values))
+        except Exception:  # a value the space no longer takes (the space changed): as it is
+            key = _norm(values)
+        if key not in seen:
+            seen.add(key)
+            out.append(values)
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a finished tuning means for production: the trial whose config to publish (None: production's
+    stays), and why, in numbers."""
+
+    trial: int | None
+    why: str
+
+
+def choose(result: StudyResult) -> Choice:
+    """Publish only a config whose re-measured capacity beats production's by more than the noise.
+
+    The noise is the larger spread of the two (max - min of their re-measured runs), and never less
+    than MIN_GAIN of production's capacity: one run each has no spread, and a 0.004 req/s "gain" is
+    a tie. The study's own verdict compares its winner with the best *baseline*: when they tie, the
+    winner is no better than that baseline, and the baseline (a known config, such as vLLM's
+    defaults) is the one to weigh against production. Production's capacity is its re-measured
+    median if it was re-measured, else its one measurement. Without a production baseline (nothing
+    known about production's config), the study's verdict decides.
     """
     verdict = result.remeasurement
     assert verdict is not None
-    win = verdict.candidate(verdict.winner_trial)
+    cands = {c["label"]: c for c in verdict.candidates}
+    pick = cands[verdict.winner]
+    tie = ""
+    if verdict.winner != verdict.baseline and not verdict.significant:
+        pick = cands[verdict.baseline]
+        tie = (f"{verdict.winner} and {verdict.baseline} tie ({_differ(verdict.gain_rps, verdict.noise_rps)}), "
+               f"so {verdict.baseline} stands for both; ")
     prod = next((r for r in result.records if r.baseline == "production"), None)
     if prod is None:
-        return verdict.significant, f"{verdict.winner} vs {verdict.baseline}: {verdict.gain_rps:+.2f} req/s"
-    if win["trial"] == prod.number:
-        return False, "production's own config won"
+        if verdict.significant:
+            return Choice(pick["trial"], f"{verdict.winner} beats {verdict.baseline} by {verdict.gain_rps:.2f} "
+                                         f"req/s, more than the spread ({verdict.noise_rps:.2f})")
+        return Choice(None, f"no gain: {tie or ''}nothing beat {verdict.baseline} by more than the spread")
+    if pick["trial"] == prod.number:
+        return Choice(None, f"{tie}production's own config won")
+    ran = (result.trial(pick["trial"]).attrs.get(Attr.ENGINE_ARGS) or {}).get("values")
+    if ran is not None and _norm(ran) == _norm((prod.attrs.get(Attr.ENGINE_ARGS) or {}).get("values") or {}):
+        return Choice(None, f"{tie}{pick['label']} runs production's own config")
     remeasured = verdict.candidate(prod.number)
     prod_cap = remeasured["median"] if remeasured else prod.capacity_rps
-    gain = win["median"] - prod_cap
-    why = (f"{verdict.winner} {win['median']:.2f} req/s vs production {prod_cap:.2f}: {gain:+.2f}, "
-           f"noise {verdict.noise_rps:.2f}")
-    return gain > verdict.noise_rps, why
+    noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
+    floor = max(noise, MIN_GAIN * prod_cap)
+    gain = pick["median"] - prod_cap
+    numbers = f"{pick['label']} {pick['median']:.2f} req/s vs production {prod_cap:.2f}"
+    if gain > floor:
+        return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({floor:.2f})")
+    return Choice(None, f"{tie}{numbers}: {_differ(gain, floor)}")
+
+
+def _differ(gain: float, noise: float) -> str:
+    """A gain against the noise, in words that never say "0.00 > 0.00"."""
+    if f"{gain:.2f}" == f"{noise:.2f}":
+        return f"a gain of {gain:+.2f} req/s, at the noise ({noise:.2f}): not more"
+    return f"{gain:+.2f} req/s, within the noise ({noise:.2f})"
 
 
 class TuningChild:

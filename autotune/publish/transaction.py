@@ -22,7 +22,8 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target, wait_healthy
 
-__all__ = ["CanaryResult", "PublishResult", "publish", "rollback", "recover", "adopt", "PublishLock"]
+__all__ = ["CanaryResult", "PublishResult", "publish", "rollback", "rollback_choice", "recover", "adopt",
+           "PublishLock", "tidy", "same_config"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,17 @@ class PublishResult:
         return self.entry.outcome
 
 
+def tidy(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Values as a person would write them: floats rounded to 10 significant digits (a sampler's
+    0.8600000000000001 is 0.86), whatever they came from, before they are recorded or deployed."""
+    return {k: float(f"{v:.10g}") if isinstance(v, float) else v for k, v in values.items()}
+
+
+def same_config(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """The same engine args, floats compared as ``tidy`` writes them."""
+    return a is not None and b is not None and tidy(a) == tidy(b)
+
+
 def adopt(target: Target, history: History) -> Entry | None:
     """Record what production runs now as the first good config, so a rollback has somewhere to go."""
     if history.last_good() is not None:
@@ -69,7 +81,7 @@ def publish(target: Target, values: Mapping[str, Any], history: History, canary:
     ``on_phase`` hears "verifying" before the canary and "rolling_back" before a rollback.
     """
     adopt(target, history)
-    values = target.production_values(values)
+    values = target.production_values(tidy(values))
     if entry is None:
         entry = history.add("pending", values, source=dict(source or {}))
     else:  # an approved proposal
@@ -106,21 +118,35 @@ def _roll_back(target: Target, history: History, entry: Entry, reason: str,
                          False)
 
 
-def rollback(target: Target, history: History, to: int | None = None) -> Entry:
-    """By hand: go back to entry ``to`` (default: the good entry before the current one)."""
+def rollback_choice(history: History, to: int | None = None) -> Entry:
+    """The entry a rollback goes to: ``to``, or the good entry before the current one; a ConfigError
+    naming the entries there are when there is no such entry or it is no good config."""
     entries = history.entries()
-    current = next((e for e in reversed(entries) if e.good), None)
+    good_ones = ", ".join(str(e.number) for e in entries if e.good) or "none"
     if to is not None:
         good = history.get(to)
         if good is None:
-            raise ConfigError(f"there is no history entry {to}; autotune status lists them")
+            there = (f"the history has entries {entries[0].number} to {entries[-1].number}, of which "
+                     f"{good_ones} can be restored" if entries else "the history is empty")
+            raise ConfigError(f"there is no history entry {to}: {there} (autotune history lists them)")
         if not good.good:
-            raise ConfigError(f"entry {to} is {good.outcome}, not a config production ran well; pick a "
-                              "published or adopted one (autotune status lists them)")
-    else:
-        good = history.last_good(before=current.number) if current else None
-        if good is None:
-            raise ConfigError("no earlier good config to roll back to (autotune status shows the history)")
+            raise ConfigError(f"entry {to} is {good.outcome}, not a config production ran well; pick a published "
+                              f"or adopted one: {good_ones} (autotune history lists them)")
+        return good
+    current = next((e for e in reversed(entries) if e.good), None)
+    good = history.last_good(before=current.number) if current else None
+    if good is None:
+        raise ConfigError("no earlier good config to roll back to (autotune history shows the history)")
+    return good
+
+
+def rollback(target: Target, history: History, to: int | None = None) -> Entry | None:
+    """By hand: go back to entry ``to`` (default: the good entry before the current one).
+
+    None, with nothing restarted, when production already runs that entry's config."""
+    good = rollback_choice(history, to)
+    if same_config(target.deployed(), target.production_values(good.values)):
+        return None
     target.deploy(good.values)
     return history.add("published", good.values, source={"rollback_to": good.number, "by": "hand"},
                        reason=f"rolled back by hand to entry {good.number}")

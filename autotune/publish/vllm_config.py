@@ -81,7 +81,7 @@ class VllmConfigTarget:
                 raise ConfigError(f"{managed} belongs to the production unit, not to a tuned config")
 
     def deploy(self, values: Mapping[str, Any], header: Sequence[str] = ()) -> None:
-        values = self.engine.production_values(values)
+        values = self.production_values(values)
         self.validate(values)
         # 0640: the vllm unit's user reads it through group vllm (systemd/README.md)
         atomic_write(self.config_path, self.engine.render_config(self.model, values, header), 0o640)
@@ -101,4 +101,7 @@ class VllmConfigTarget:
         return CanaryClient("completion")
 
     def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        return self.engine.production_values(values)
+        """What the YAML gets: staging-only values dropped, floats as a person writes them (0.86, not a
+        sampler's 0.8600000000000001)."""
+        return {k: float(f"{v:.10g}") if isinstance(v, float) else v
+                for k, v in self.engine.production_values(values).items()}

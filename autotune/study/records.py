@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.engine.args import EngineArgs
 
 __all__ = ["Attr", "NO_MEASUREMENT", "TrialRecord", "Candidate", "Remeasurement", "StudyResult", "constraints_of",
-           "judge", "earlier_winners"]
+           "judge"]
 
 NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
 
@@ -285,28 +285,3 @@ class StudyResult:
         for r in self.records:
             out[r.state.name.lower()] = out.get(r.state.name.lower(), 0) + 1
         return out
-
-
-def earlier_winners(storage: str | optuna.storages.BaseStorage, prefix: str, names: set[str],
-                    top: int = 3) -> list[dict[str, Any]]:
-    """Warm start: the distinct params (limited to ``names``) of the best feasible trials of the studies
-    in ``storage`` whose names start with ``prefix``, best first."""
-    found: list[tuple[float, dict[str, Any]]] = []
-    try:
-        summaries = optuna.get_all_study_summaries(storage)
-    except Exception:  # no storage yet: nothing learned
-        return []
-    for s in summaries:
-        if not s.study_name.startswith(prefix):
-            continue
-        for r in StudyResult.load(storage, s.study_name).records:
-            if r.feasible and r.values and r.values[0] > 0:
-                found.append((r.values[0], {k: v for k, v in r.params.items() if k in names}))
-    found.sort(key=lambda x: -x[0])
-    seen: list[dict[str, Any]] = []
-    for _, values in found:
-        if values not in seen:
-            seen.append(values)
-        if len(seen) == top:
-            break
-    return seen

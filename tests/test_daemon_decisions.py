@@ -1,0 +1,356 @@
+"""The daemon's decisions an operator has to live with (issue 15): each test reproduces a wrong one.
+
+Most run the daemon's own loop (``Daemon.tick``, ``_finish_tuning``) or the CLI commands an operator
+types (status, retune, history, rollback) against a production that does not answer: what is
+decided does not depend on production's traffic, and no engine has to start. The whole loop on
+vllm-sim is tests/test_daemon.py.
+"""
+
+import datetime as dt
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+from prometheus_client import generate_latest
+
+from autotune.cli import main
+from autotune.daemon.config import load_daemon_config
+from autotune.daemon.exporter import DaemonMetrics
+from autotune.daemon.fingerprint import Fingerprint
+from autotune.daemon.loop import Daemon
+from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
+from autotune.daemon import tuning
+from autotune.publish.history import History
+from autotune.publish.transaction import publish, CanaryResult
+from autotune.publish.vllm_config import VllmConfigTarget
+from autotune.study.definition import load_study
+from autotune.study.records import Attr, Remeasurement, StudyResult, TrialRecord
+from tests.conftest import free_port
+from tests.test_daemon import STAGING
+
+DAEMON = """
+name = "prod"
+slos = ["ttft<500ms"]
+{top}
+[production]
+url = "http://127.0.0.1:{port}"
+config = "{root}/etc/production.yaml"
+model = "llama-3.1-8b"
+restart = ["touch", "{root}/restarted"]
+health_timeout = "2s"
+
+[staging]
+study = "{root}/staging.toml"
+
+[tuning]
+{tuning}
+
+[metrics]
+listen = ""
+"""
+
+
+@pytest.fixture
+def daemon_file(tmp_path, tiny_model, state_dir):
+    """A daemon file whose production (a vLLM YAML, max_num_seqs 2) does not answer; its restart only touches
+    ``restarted``, so a test sees whether production was restarted."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "production.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 2\n")
+    (tmp_path / "staging.toml").write_text(STAGING.format(root=tmp_path, python=sys.executable, port=free_port(),
+                                                          model=tiny_model))
+
+    def make(top="", tuning=""):
+        p = tmp_path / "daemon.toml"
+        p.write_text(DAEMON.format(port=free_port(), root=tmp_path, top=top, tuning=tuning))
+        return p
+
+    return make
+
+
+def cli(capsys, *argv):
+    code = main([str(x) for x in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip().splitlines()
+
+
+def entry(root: Path, number: int, outcome: str, values: dict, **kw):
+    d = {"number": number, "outcome": outcome, "values": values, "time": 1_700_000_000.0 + number, "source": {},
+         "reason": "", "restored": None, "canary": None, **kw}
+    (root / "history").mkdir(parents=True, exist_ok=True)
+    (root / "history" / f"{number:04d}.json").write_text(json.dumps(d))
+
+
+# --- 11: rollback --to a missing entry; autotune history; floats as a person writes them ----------------
+
+def test_rollback_to_a_missing_entry_is_one_line_naming_the_entries(capsys, daemon_file, state_dir):
+    p = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "rolled-back", {"max_num_seqs": 1}, reason="canary missed")
+    entry(root, 3, "published", {"max_num_seqs": 32})
+    code, _, err = cli(capsys, "rollback", "--config", p, "--to", 99)
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == ("autotune: there is no history entry 99: the history has entries 1 to 3, of which 1, 3 can be "
+                      "restored (autotune history lists them)")
+    code, _, err = cli(capsys, "rollback", "--config", p, "--to", 2)
+    assert code == 2 and "pick a published or adopted one: 1, 3 (autotune history lists them)" in err[0]
+    assert not (p.parent / "restarted").exists()
+
+
+def test_history_shows_whole_names_the_proposal_and_its_diff_against_production(capsys, daemon_file, state_dir):
+    p = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    study = "prod-tune-001-" + "x" * 150  # longer than any terminal: shown whole all the same
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "proposed", {"max_num_seqs": 48, "gpu_memory_utilization": 0.8600000000000001},
+          source={"study": study, "trial": 7, "trigger": "requested: test",
+                  "why": "trial 7 11.00 req/s vs production 5.00: +6.00 req/s, more than the noise (0.20)"})
+    code, out, err = cli(capsys, "history", "--config", p)
+    assert code == 0, err
+    assert f"{study} trial 7" in out
+    assert "max_num_seqs 2 -> 48" in out and "gpu_memory_utilization unset -> 0.86" in out
+    assert "0.8600000000000001" not in out
+    assert "  values: max_num_seqs=48 gpu_memory_utilization=0.86" in out
+    assert "  against production: gpu_memory_utilization unset -> 0.86; max_num_seqs 2 -> 48" in out
+    assert "  gain: trial 7 11.00 req/s vs production 5.00" in out
+
+
+def test_floats_reach_production_as_a_person_writes_them(tmp_path, monkeypatch):
+    monkeypatch.setattr("autotune.publish.vllm_config.wait_healthy", lambda url, timeout: None)
+    target = VllmConfigTarget(tmp_path / "p.yaml", "m", ("true",), "http://127.0.0.1:9", table=None)
+    monkeypatch.setattr(target, "validate", lambda values: None)
+    history = History(tmp_path / "history")
+    result = publish(target, {"max_num_seqs": 8, "gpu_memory_utilization": 0.8600000000000001}, history,
+                     lambda url: CanaryResult(True, {}))
+    assert result.ok
+    text = (tmp_path / "p.yaml").read_text()
+    assert "gpu-memory-utilization: 0.86\n" in text, text
+    assert history.get(1).values["gpu_memory_utilization"] == 0.86
+
+
+# --- 5: rollback to what production already runs ------------------------------------------------------
+
+def test_rollback_to_what_production_runs_says_so_and_restarts_nothing(capsys, daemon_file, state_dir):
+    p = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    code, out, err = cli(capsys, "rollback", "--config", p, "--to", 1)
+    assert code == 0, err
+    assert out.strip() == "autotune: production already runs entry 1's config: nothing changed, nothing restarted"
+    assert not (p.parent / "restarted").exists()
+    assert [e.number for e in History(root / "history").entries()] == [1]
+
+
+# --- 8: a tie is no gain ---------------------------------------------------------------------------------
+
+def _record(number, baseline, capacity, max_num_seqs):
+    attrs = {Attr.CAPACITY_RPS: capacity, Attr.CONSTRAINTS: [0.0],
+             Attr.ENGINE_ARGS: {"values": {"max_num_seqs": max_num_seqs}, "env": {}}}
+    if baseline:
+        attrs[Attr.BASELINE] = baseline
+    return TrialRecord(number, TrialState.COMPLETE, {"max_num_seqs": max_num_seqs}, (capacity,), attrs)
+
+
+def _verdict(cands, winner, baseline, gain, noise):
+    return Remeasurement(candidates=cands, winner=winner, winner_trial=next(c["trial"] for c in cands
+                                                                            if c["label"] == winner),
+                         baseline=baseline, gain_rps=gain, noise_rps=noise, significant=winner != baseline
+                         and gain > noise, trials_seen=4)
+
+
+def _cand(label, trial, runs):
+    return {"label": label, "trial": trial, "capacities": runs, "median": sorted(runs)[len(runs) // 2],
+            "spread": max(runs) - min(runs), "runs": []}
+
+
+def tie_with_the_defaults():
+    """The sampled trial 3 and vllm-defaults tie on the re-measure; production measured less."""
+    records = [_record(0, "vllm-defaults", 11.09, 64), _record(1, "production", 5.0, 2),
+               _record(2, None, 4.0, 4), _record(3, None, 11.10, 24)]
+    cands = [_cand("trial 3", 3, [11.10, 11.05, 11.12]), _cand("baseline vllm-defaults", 0, [11.09, 11.02, 11.11])]
+    return StudyResult(records, False, _verdict(cands, "trial 3", "baseline vllm-defaults", 0.01, 0.09), 3)
+
+
+def tie_with_production_one_run_each():
+    """One run each: no spread to speak of, and trial 2 beats production by 0.004 req/s."""
+    records = [_record(0, "production", 8.0, 2), _record(1, "vllm-defaults", 6.0, 64), _record(2, None, 8.004, 12)]
+    cands = [_cand("trial 2", 2, [8.004]), _cand("baseline production", 0, [8.0])]
+    return StudyResult(records, False, _verdict(cands, "trial 2", "baseline production", 0.004, 0.0), 2)
+
+
+def test_a_tie_publishes_no_sampled_config():
+    c = tuning.choose(tie_with_the_defaults())
+    assert c.trial == 0, c  # vllm-defaults stands for the tie: the known config, not the sampled one
+    assert "tie" in c.why and "baseline vllm-defaults 11.09 req/s vs production 5.00" in c.why
+    c = tuning.choose(tie_with_production_one_run_each())
+    assert c.trial is None, c
+    assert "within the noise" in c.why and "0.00 > 0.00" not in c.why
+
+
+def test_a_baseline_that_runs_production_s_own_config_is_no_gain_over_it():
+    """Production's baseline measured nothing (interrupted), and vllm-defaults is the same config: no publish."""
+    records = [_record(0, "production", 0.0, 2), _record(1, "vllm-defaults", 11.09, 2), _record(2, None, 6.0, 12)]
+    cands = [_cand("trial 2", 2, [6.0]), _cand("baseline vllm-defaults", 1, [11.09])]
+    c = tuning.choose(StudyResult(records, False, _verdict(cands, "baseline vllm-defaults", "baseline vllm-defaults",
+                                                           0.0, 0.0), 1))
+    assert c.trial is None and "runs production's own config" in c.why, c
+
+
+def test_the_daemon_keeps_production_on_a_tie(daemon_file, monkeypatch):
+    d = Daemon(load_daemon_config(daemon_file()))
+    d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
+    d._finish_tuning(0)
+    assert d.state.phase is Phase.WATCHING and "production's config stays" in d.state.note, d.state.note
+    assert d._job is None and [e.outcome for e in d.history.entries()] == []
+
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
+    d.cfg = replace(d.cfg, approval=True)
+    d.state = d.store.save(replace(d.state, phase=Phase.TUNING))
+    d._finish_tuning(0)
+    proposal = d.history.proposal()
+    assert proposal is not None and proposal.values == {"max_num_seqs": 64}  # vllm-defaults', not trial 3's
+    assert proposal.source["trial"] == 0
+
+
+# --- 4: a retune outside the tuning windows waits for one --------------------------------------------------
+
+def _closed_window() -> str:
+    """A tuning window that is not now (an hour long, starting two hours from now)."""
+    start = (dt.datetime.now() + dt.timedelta(hours=2)).time()
+    end = (dt.datetime.now() + dt.timedelta(hours=3)).time()
+    return f'windows = ["{start:%H:%M}-{end:%H:%M}"]'
+
+
+def test_a_retune_outside_the_windows_stays_pending_until_one_opens(capsys, daemon_file, monkeypatch):
+    p = daemon_file(tuning=_closed_window())
+    cfg = load_daemon_config(p)
+    d = Daemon(cfg)
+    code, said, err = cli(capsys, "retune", "--config", p, "--reason", "test")
+    assert code == 0, err
+    d.tick()
+    d.tick()
+    assert (d.root / "retune-requested").read_text().strip() == "test"  # not consumed
+    assert d.state.phase is Phase.WATCHING
+    assert "requested: test; held until a tuning window opens (" in d.state.note, d.state.note
+    assert "pending: outside the tuning windows" in said
+    code, out, err = cli(capsys, "status", "--config", p)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("retune:"))
+    assert line.startswith("retune: requested (test), pending: outside the tuning windows (") and "it starts when" in line
+
+    # the window opens: the request starts the tuning it asked for, and only then is it taken
+    d.cfg = replace(cfg, tuning_windows=())
+    d.fingerprint = Fingerprint.from_json(_fingerprint())
+    started = []
+    monkeypatch.setattr(d, "_start_tuning", lambda trigger, fp: started.append(trigger))
+    d.tick()
+    assert started == ["requested: test"] and d.store.retune_request() is None
+
+
+def _fingerprint():
+    return {"request_rate": 4.0, "prompt_tokens_mean": 100.0, "prompt_tokens_p50": 100.0, "prompt_tokens_p90": 120.0,
+            "output_tokens_mean": 8.0, "output_tokens_p50": 8.0, "output_tokens_p90": 8.0,
+            "prefix_cache_hit_rate": None, "window_s": 5.0, "requests": 40}
+
+
+def test_trigger_notes_read_as_a_person_would_say_them():
+    at = decide(DaemonState(), Observation(0.503, False), now=0.0, drift_threshold=0.5, breach_windows=3,
+                every_s=0, cooldown_s=0, in_window=True)
+    assert at.trigger == "traffic drift 0.503 reached the threshold (0.50)"
+    held = decide(DaemonState(last_tuning_end=1000.0), Observation(2.0, False), now=1000.0 + 6 * 3600 - 20,
+                  drift_threshold=0.5, breach_windows=3, every_s=0, cooldown_s=6 * 3600, in_window=True)
+    assert held.waiting.endswith("held by the cooldown for 20 s more"), held.waiting
+
+
+# --- 7: warm starts neither repeat production or the defaults nor eat the budget --------------------------
+
+def _earlier_study(storage, name, winners):
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    for capacity, seqs in winners:
+        study.add_trial(create_trial(
+            params={"max_num_seqs": seqs}, distributions={"max_num_seqs": IntDistribution(2, 64, log=True)},
+            value=capacity, state=TrialState.COMPLETE,
+            user_attrs={Attr.CONSTRAINTS: [0.0], Attr.CAPACITY_RPS: capacity,
+                        Attr.ENGINE_ARGS: {"values": {"max_num_seqs": seqs}, "env": {}}}))
+
+
+def test_warm_starts_skip_production_and_the_defaults_and_keep_to_a_third_of_the_budget(tmp_path, tiny_model):
+    text = STAGING.format(root=tmp_path, python=sys.executable, port=free_port(), model=tiny_model)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 16, "output_tokens": 4}\n')
+
+    def baselines(trials):
+        (tmp_path / "staging.toml").write_text(text.replace("trials = 3", f"trials = {trials}"))
+        staging = load_study(tmp_path / "staging.toml")
+        out = tuning.write_tuning_study(tmp_path / "staging.toml", staging, tmp_path / f"t{trials}.toml",
+                                        name=f"prod-tune-00{trials}", slos=["ttft<500ms"],
+                                        fingerprint=Fingerprint.from_json(_fingerprint()), seed=0,
+                                        deployed={"max_num_seqs": 2}, prefix="prod-tune-", trace=trace)
+        return {b.name: b.values for b in load_study(out).baselines}
+
+    storage = load_study_storage(tmp_path, text)
+    # the best earlier winners: production's own config (2), vLLM's defaults (the space's default, 64), then others
+    _earlier_study(storage, "prod-tune-001", [(12.0, 2), (11.0, 64), (10.0, 32), (9.0, 16)])
+    _earlier_study(storage, "prod-tune-002", [(8.0, 8), (7.0, 4), (6.5, 32)])
+    assert baselines(9) == {"production": {"max_num_seqs": 2}, "earlier-1": {"max_num_seqs": 32},
+                            "earlier-2": {"max_num_seqs": 16}, "earlier-3": {"max_num_seqs": 8}}  # 9 trials: 3 at most
+    # 4 trials: vllm-defaults and production run anyway; one warm start leaves one sampled trial
+    assert baselines(4) == {"production": {"max_num_seqs": 2}, "earlier-1": {"max_num_seqs": 32}}
+
+
+def load_study_storage(tmp_path, text):
+    (tmp_path / "staging.toml").write_text(text)
+    return load_study(tmp_path / "staging.toml").storage
+
+
+# --- one source of truth for where the daemon keeps its state ----------------------------------------------
+
+def test_status_reads_the_state_dir_the_config_names_whatever_the_environment(capsys, daemon_file, tmp_path,
+                                                                              monkeypatch):
+    p = daemon_file(top=f'state_dir = "{tmp_path}/daemon-state"')
+    root = tmp_path / "daemon-state" / "daemon" / "prod"
+    StateStore(root).save(DaemonState(note="tuning prod-tune-004: requested: test", since=1.0))
+    monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path / "elsewhere"))
+    code, out, err = cli(capsys, "status", "--config", p)
+    assert code == 0, err
+    assert "note: tuning prod-tune-004: requested: test" in out and f"state: {root}" in out
+    assert Daemon(load_daemon_config(p)).root == root  # the daemon itself keeps it there too
+
+    bare = daemon_file()  # no state_dir, and no daemon has run: one line saying so, not an empty "watching"
+    code, out, err = cli(capsys, "status", "--config", bare)
+    assert code == 2 and len(err) == 1 and out == "", (out, err)
+    assert err[0].startswith(f"autotune: no daemon named 'prod' has kept state in {tmp_path}/elsewhere/daemon/prod")
+
+
+# --- 10: metrics that survive a restart and count rollbacks by hand --------------------------------------
+
+def test_publish_metrics_come_back_after_a_restart_and_count_rollbacks_by_hand(capsys, daemon_file, state_dir,
+                                                                               monkeypatch):
+    monkeypatch.setattr("autotune.publish.vllm_config.wait_healthy", lambda url, timeout: None)
+    p = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "published", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
+    metrics = DaemonMetrics()
+    d = Daemon(load_daemon_config(p), metrics=metrics)  # a restarted daemon
+    d._resume()
+    text = generate_latest(metrics.registry).decode()
+    assert 'autotune_publishes_total{outcome="published"} 1.0' in text
+    stamp = next(x for x in text.splitlines() if x.startswith("autotune_last_publish_timestamp_seconds "))
+    assert float(stamp.split()[1]) == 1_700_000_002.0
+    assert "autotune_last_publish_success 1.0" in text
+
+    (p.parent / "etc" / "production.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 32\n")
+    code, out, err = cli(capsys, "rollback", "--config", p, "--to", 1)  # by hand, from another process
+    assert code == 0 and (p.parent / "restarted").exists(), (out, err)
+    d.tick()
+    text = generate_latest(metrics.registry).decode()
+    assert "autotune_rollbacks_total 1.0" in text
+    assert 'autotune_publishes_total{outcome="published"} 1.0' in text  # a rollback is no publish
+    assert 'entry="3"' in text and 'max_num_seqs="2"' in text  # production's config, after the rollback
