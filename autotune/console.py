@@ -93,7 +93,7 @@ def _duration(seconds: float) -> str:
 def _gain(capacity: float, reference: TrialRecord | None) -> str:
     if reference is None or reference.capacity_rps <= 0:
         return ""
-    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% over {reference.label}"
+    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% vs {reference.label}"
 
 
 def _missed(r: TrialRecord) -> str:
