@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
                         description="Run the long-lived loop a daemon config defines (see autotune/daemon/config.py).")
     dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
+    dm.add_argument("--check", action="store_true",
+                    help="check everything the daemon will need (production, its config and restart command, the "
+                    "staging study, state and metrics), print one line per problem, run nothing")
     for name, text in (("retune", "ask the running daemon to tune now (it starts at its next tick)"),
                        ("status", "the daemon's state and its publish history"),
                        ("history", "the daemon's publish history: each entry, its changes, the proposal's diff"),

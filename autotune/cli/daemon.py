@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 
 from autotune.cli import EXIT_OK, EXIT_SLO_MISS
 from autotune.errors import ConfigError
@@ -19,6 +20,8 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     from autotune.daemon.config import load_daemon_config
     from autotune.daemon.loop import Daemon
 
+    if a.check:
+        return _check(a.config)
     daemon = Daemon(load_daemon_config(a.config, serving=True))  # its metrics port must be free now
     stop = threading.Event()
     received: list[int] = []
@@ -35,6 +38,21 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         hup = " (it does not reload its config yet: start it again)" if received[0] == signal.SIGHUP else ""
         print(f"autotune: daemon stopped by {signal.Signals(received[0]).name}{hup}", file=sys.stderr)
     return rc
+
+
+def _check(path: Path) -> int:
+    """One line per problem on stderr and exit 1; a line saying so and exit 0 when there is none."""
+    from autotune.daemon.check import check_daemon
+    from autotune.daemon.config import load_daemon_config
+
+    results = check_daemon(load_daemon_config(path))  # a file that does not load: its one line, exit 2
+    problems = [(name, why) for name, why in results if why]
+    for name, why in problems:
+        print(f"autotune: {path}: {name}: {why}", file=sys.stderr)
+    if problems:
+        return EXIT_SLO_MISS
+    print(f"autotune: {path}: all {len(results)} checks pass ({', '.join(name for name, _ in results)})")
+    return EXIT_OK
 
 
 def _daemon_parts(a: argparse.Namespace, *, need_state: bool = True):

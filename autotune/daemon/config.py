@@ -208,11 +208,11 @@ def _listen(met: Table, serving: bool) -> tuple[str, int] | None:
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise met.wrong("listen", "HOST:PORT with a port from 1 to 65535, e.g. 127.0.0.1:9464")
     if serving:
-        _bind_test(host, int(port), met.name("listen"))
+        bind_test(host, int(port), met.name("listen"))
     return host, int(port)
 
 
-def _bind_test(host: str, port: int, where: str) -> None:
+def bind_test(host: str, port: int, where: str) -> None:
     """Bind (and let go of) ``host:port`` as the metrics server will: a ConfigError when that cannot work."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,

@@ -1,0 +1,107 @@
+"""``autotune daemon --check``: everything the daemon will need, checked before it runs.
+
+A daemon config can load (every key of the right kind) and still fail at 3 a.m.: production's
+YAML missing, a restart command that is not installed, a staging study without a tokenizer,
+production not answering. Each check here is one such fact, reported as one line saying what to
+fix; none of them changes anything (no restart, no write outside a temporary file).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from autotune.daemon.config import DaemonConfig, bind_test
+from autotune.daemon.production import build_target, daemon_root
+from autotune.errors import AutotuneError
+
+__all__ = ["check_daemon"]
+
+
+def _runnable(argv0: str) -> bool:
+    found = shutil.which(argv0)
+    return found is not None or (os.sep in argv0 and os.access(argv0, os.X_OK) and Path(argv0).is_file())
+
+
+def _production_answers(cfg: DaemonConfig) -> str | None:
+    url = f"{cfg.production.url}/health"
+    try:
+        r = httpx.get(url, timeout=5.0)
+    except httpx.HTTPError as e:
+        return f"production does not answer at {url} ({type(e).__name__}): start it, or fix [production].url"
+    if r.status_code != 200:
+        return f"production answers {url} with HTTP {r.status_code}, not 200: is it healthy?"
+    return None
+
+
+def _production_config(cfg: DaemonConfig) -> str | None:
+    target = build_target(cfg)
+    deployed = target.deployed()  # a YAML that does not parse is a ConfigError naming the file
+    if deployed is None:
+        return (f"there is no production config to start from ({cfg.production.settings.get('config', 'the target')}): "
+                "write the one production runs now (the daemon compares every tuning with it)")
+    return None
+
+
+def _restart_command(cfg: DaemonConfig) -> str | None:
+    restart = cfg.production.settings.get("restart")
+    if isinstance(restart, list) and restart and not _runnable(restart[0]):
+        return f"[production].restart: {restart[0]!r} is not an executable on PATH or a path to one"
+    return None
+
+
+def _staging_study(cfg: DaemonConfig) -> str | None:
+    from autotune.study.definition import load_study
+
+    d = load_study(cfg.staging_study)
+    problems = []
+    if d.workload.tokenizer is None:
+        problems.append(f"the staging study {cfg.staging_study} names no tokenizer that exists here: set "
+                        "[workload].tokenizer (or a local model directory) so tunings can build production-like prompts")
+    if d.command.command and not _runnable(d.command.command[0]):
+        problems.append(f"the staging study's engine command {d.command.command[0]!r} is not an executable on PATH "
+                        "or a path to one")
+    return "; ".join(problems) or None
+
+
+def _state_dir(cfg: DaemonConfig) -> str | None:
+    root = daemon_root(cfg)
+    probe = root if root.exists() else next((p for p in root.parents if p.exists()), Path("/"))
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        return f"the daemon cannot write its state under {probe} ({e.strerror}): set state_dir, or fix its owner"
+    return None
+
+
+def _metrics_port(cfg: DaemonConfig) -> str | None:
+    if cfg.metrics_listen is not None:
+        bind_test(*cfg.metrics_listen, "[metrics].listen")
+    return None
+
+
+CHECKS: tuple[tuple[str, Callable[[DaemonConfig], str | None]], ...] = (
+    ("production answers", _production_answers),
+    ("production config", _production_config),
+    ("restart command", _restart_command),
+    ("staging study", _staging_study),
+    ("state directory", _state_dir),
+    ("metrics port", _metrics_port),
+)
+
+
+def check_daemon(cfg: DaemonConfig) -> list[tuple[str, str | None]]:
+    """Each check's name and its problem (None: it passes). A check that raises our error is a problem too."""
+    out: list[tuple[str, str | None]] = []
+    for name, check in CHECKS:
+        try:
+            out.append((name, check(cfg)))
+        except AutotuneError as e:
+            out.append((name, str(e)))
+    return out

@@ -1,0 +1,72 @@
+"""`autotune daemon --check`: a config that loads can still not work; each missing piece is one line.
+
+Production is vllm-sim, serving for real (the conftest fixture); the staging study is the repo's
+vllm-sim study, so its engine command and tokenizer are the ones the tests use.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tomli_w
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None):
+    if yaml:
+        (tmp_path / "p.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 64\n")
+    data = {
+        "slos": ["ttft<1s"],
+        "state_dir": str(tmp_path / "state"),
+        "production": {"url": url, "config": str(tmp_path / "p.yaml"), "model": "llama-3.1-8b",
+                       "restart": list(restart)},
+        "staging": {"study": str(study or ROOT / "studies" / "sim-h100-8b-chat.toml")},
+        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+    }
+    p = tmp_path / "d.toml"
+    p.write_text(tomli_w.dumps(data))
+    return p
+
+
+def check(path):
+    return subprocess.run([sys.executable, "-m", "autotune", "daemon", "--check", "--config", str(path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "AUTOTUNE_STATE_DIR": str(path.parent / "env-state")})
+
+
+def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim):
+    r = check(write_config(tmp_path, vllm_sim))
+    assert r.returncode == 0, r.stderr
+    assert "all 6 checks pass" in r.stdout and r.stderr == ""
+    assert not (tmp_path / "state").exists()  # a check writes nothing
+
+
+def test_each_missing_piece_is_one_line_and_a_failing_exit(tmp_path):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    study = tmp_path / "staging.toml"
+    study.write_text((ROOT / "studies" / "sim-h100-8b-chat.toml").read_text()
+                     .replace('tokenizer = "models/tiny-llama"', 'tokenizer = "no/such/tokenizer"')
+                     .replace('command = ".venv/bin/vllm-sim', 'command = "/no/such/vllm-sim'))
+    r = check(write_config(tmp_path, down, yaml=False, restart=("no-such-restart-tool", "vllm@production"),
+                           study=study))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 4, lines
+    by_check = {line.split(": ")[2]: line for line in lines}
+    assert "does not answer at " + down + "/health" in by_check["production answers"]
+    assert "there is no production config to start from" in by_check["production config"]
+    assert "'no-such-restart-tool' is not an executable" in by_check["restart command"]
+    staging = by_check["staging study"]
+    assert "names no tokenizer that exists here" in staging and "'/no/such/vllm-sim' is not an executable" in staging
+
+
+def test_a_production_yaml_that_does_not_parse_is_named(tmp_path, vllm_sim):
+    path = write_config(tmp_path, vllm_sim)
+    (tmp_path / "p.yaml").write_text("model: [unclosed\n")
+    r = check(path)
+    assert r.returncode == 1 and "production config: " in r.stderr and "p.yaml" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
