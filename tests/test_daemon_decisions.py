@@ -354,3 +354,21 @@ def test_publish_metrics_come_back_after_a_restart_and_count_rollbacks_by_hand(c
     assert "autotune_rollbacks_total 1.0" in text
     assert 'autotune_publishes_total{outcome="published"} 1.0' in text  # a rollback is no publish
     assert 'entry="3"' in text and 'max_num_seqs="2"' in text  # production's config, after the rollback
+
+
+def test_the_journal_has_a_line_per_decision_and_none_for_a_steady_tick(capsys, daemon_file):
+    """The daemon's stdout (the journal under systemd) says what it decided and why, once: a countdown
+    or an unchanged note on the next tick adds nothing."""
+    p = daemon_file(tuning=_closed_window())
+    d = Daemon(load_daemon_config(p))
+    capsys.readouterr()
+    main(["retune", "--config", str(p), "--reason", "by the test"])
+    capsys.readouterr()
+    d.tick()
+    first = capsys.readouterr().out.splitlines()
+    assert len(first) == 1 and first[0].startswith("watching: ") and "held until a tuning window opens" in first[0]
+    d.tick()
+    d.tick()
+    assert capsys.readouterr().out == ""  # the same decision: nothing new to say
+    d._set(Phase.TUNING, note="tuning prod-1: requested: by the test")
+    assert capsys.readouterr().out.splitlines() == ["tuning: tuning prod-1: requested: by the test"]

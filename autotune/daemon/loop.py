@@ -14,14 +14,16 @@ directory (the config's ``state_dir``, else $STATE_DIRECTORY under systemd); the
 rollback metrics are read back from that history, so a restart keeps them and a rollback by hand
 (`autotune rollback`, another process) counts.
 
-What the daemon says goes to stderr (the journal under systemd) in one line each, only when
-something changes: production's metrics stop answering, and answer again.
+The journal (stdout and stderr under systemd) gets one line per phase change and per new decision
+or reason: the trigger and its numbers, a tuning's verdict, a publish, its canary, a rollback and
+why, on stdout as "<phase>: <note>"; production's metrics failing and answering again, on stderr.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import re
 import sys
 import threading
 import time
@@ -33,7 +35,7 @@ from autotune.daemon import notify
 from autotune.daemon.config import DaemonConfig
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary
-from autotune.daemon.state import Observation, Phase, StateStore, decide
+from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
 from autotune.daemon.fingerprint import Fingerprint, drift
 from autotune.daemon.tuning import TuningChild, choose, write_tuning_study
 from autotune.daemon.watcher import Watcher
@@ -47,6 +49,11 @@ from autotune.study.records import StudyResult
 __all__ = ["Daemon"]
 
 MIN_REQUESTS = 20  # a window with fewer finished requests says too little about the traffic
+
+
+def _shape(note: str) -> str:
+    """A note without its numbers: what stays the same while a wait counts down."""
+    return re.sub(r"\d+(\.\d+)?", "#", note)
 
 
 def _say(text: str) -> None:
@@ -115,14 +122,29 @@ class Daemon:
 
     def _set(self, phase: Phase, **changes: Any) -> None:
         with self._lock:
+            before = self.state
             self.state = self.store.save(self.state.to(phase, **changes))
+        self._journal(before)
 
     def _note(self, text: str, **changes: Any) -> None:
         self._keep(note=text, **changes)
 
     def _keep(self, **changes: Any) -> None:
         with self._lock:
+            before = self.state
             self.state = self.store.save(replace(self.state, **changes))
+        self._journal(before)
+
+    def _journal(self, before: DaemonState) -> None:
+        """One stdout line (the journal, under systemd) per phase change and per new decision or reason.
+
+        A note that only counts down ("cooldown: 5 h 12 min left", then 11 min) is the same decision: the
+        numbers are left out of the comparison, so a steady daemon writes nothing new every tick.
+        """
+        now = self.state
+        if now.phase is before.phase and _shape(now.note) == _shape(before.note):
+            return
+        print(f"{now.phase.value}: {now.note}", flush=True)
 
     # -- watching ------------------------------------------------------------------------------
 
