@@ -372,3 +372,20 @@ def test_the_journal_has_a_line_per_decision_and_none_for_a_steady_tick(capsys, 
     assert capsys.readouterr().out == ""  # the same decision: nothing new to say
     d._set(Phase.TUNING, note="tuning prod-1: requested: by the test")
     assert capsys.readouterr().out.splitlines() == ["tuning: tuning prod-1: requested: by the test"]
+
+
+def test_a_reload_applies_the_file_but_not_where_the_daemon_lives(capsys, daemon_file):
+    p = daemon_file()
+    d = Daemon(load_daemon_config(p))
+    text = p.read_text()
+    p.write_text(text.replace('name = "prod"', 'name = "elsewhere"').replace('slos = ["ttft<500ms"]',
+                                                                         'slos = ["ttft<300ms"]\n[publish]\napproval = true'))
+    d.reload()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"autotune: reloaded {p}; name changed and take a restart"]
+    assert d.cfg.approval is True and [s.text for s in d.cfg.slos] == ["p95:ttft<300ms"]
+    assert d.cfg.name == "prod" and d.root.name == "prod"  # the state stays where the running daemon keeps it
+    p.write_text("not toml [")
+    d.reload()
+    assert "not applied, the running config stays" in capsys.readouterr().err
+    assert d.cfg.approval is True

@@ -368,10 +368,20 @@ def test_daemon_says_when_it_cannot_scrape_and_when_it_can_again(tmp_path, tiny_
     scrape = [line for line in status() if line.startswith("production scrape:")]
     assert len(scrape) == 1 and scrape[0].startswith("production scrape: ok") and url in scrape[0], scrape
 
-    took = run.signal_and_wait(signal.SIGHUP)  # no reload yet: it stops, and says so, rather than dying silently
-    print(f"daemon, SIGHUP: stopped in {took:.2f} s")
+    # SIGHUP (systemctl reload) re-reads the file: a bad one changes nothing, a good one applies, it goes on
+    good = path.read_text()
+    path.write_text(good + "\n[oops\n")
+    run.proc.send_signal(signal.SIGHUP)
+    refused = wait_for("reload: ")[-1]
+    assert refused.startswith(f"autotune: reload: {path} not applied, the running config stays: "), refused
+    path.write_text(good.replace("approval = false", "approval = true"))
+    run.proc.send_signal(signal.SIGHUP)
+    assert wait_for("reloaded ")[-1] == f"autotune: reloaded {path}"
+    run.alive()
+    took = run.signal_and_wait(signal.SIGTERM)
+    print(f"daemon, SIGTERM after two reloads: stopped in {took:.2f} s")
     assert run.proc.returncode == 0
-    assert run.lines("autotune: daemon")[-1].startswith("autotune: daemon stopped by SIGHUP")
+    assert run.lines("autotune: daemon")[-1] == "autotune: daemon stopped by SIGTERM"
 
 
 # -- real vLLM -----------------------------------------------------------------------------------------

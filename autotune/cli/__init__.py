@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
 
     dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
-                        description="Run the long-lived loop a daemon config defines (see autotune/daemon/config.py).")
+                        description="Run the long-lived loop a daemon config defines ('The daemon' in the README "
+                        "documents every key). --check checks what it needs and runs nothing; SIGHUP re-reads "
+                        "the config.")
     dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
     dm.add_argument("--check", action="store_true",
                     help="check everything the daemon will need (production, its config and restart command, the "

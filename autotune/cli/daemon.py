@@ -23,20 +23,21 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     if a.check:
         return _check(a.config)
     daemon = Daemon(load_daemon_config(a.config, serving=True))  # its metrics port must be free now
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
     received: list[int] = []
 
-    def on_signal(signum: int, _frame: object) -> None:  # only notes it: the loop stops after its tick
+    def on_signal(signum: int, _frame: object) -> None:  # only notes it: the loop acts after its tick
+        if signum == signal.SIGHUP:  # systemctl reload: re-read the config, a running trial goes on
+            reload.set()
+            return
         received.append(signum)
         stop.set()
 
-    # SIGHUP has no reload meaning yet; its default would end the daemon silently: it stops it, saying so
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    rc = daemon.run(stop)
+    rc = daemon.run(stop, reload)
     if received:
-        hup = " (it does not reload its config yet: start it again)" if received[0] == signal.SIGHUP else ""
-        print(f"autotune: daemon stopped by {signal.Signals(received[0]).name}{hup}", file=sys.stderr)
+        print(f"autotune: daemon stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
     return rc
 
 

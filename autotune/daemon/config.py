@@ -126,7 +126,7 @@ class DaemonConfig:
         return ", ".join(f"{w.start:%H:%M}-{w.end:%H:%M}" for w in self.tuning_windows)
 
 
-_SEE = "see autotune/daemon/config.py"
+_SEE = "see 'The daemon' in the README"
 
 
 def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConfig:

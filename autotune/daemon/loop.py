@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.daemon import notify
-from autotune.daemon.config import DaemonConfig
+from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
@@ -85,17 +85,23 @@ class Daemon:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> int:
+    def run(self, stop: threading.Event, reload: threading.Event | None = None) -> int:
+        """Tick until ``stop`` is set; when ``reload`` is set (SIGHUP), re-read the config file between ticks."""
         if self.cfg.metrics_listen:
             self.metrics.serve(*self.cfg.metrics_listen)
         self._resume()
         notify.ready()
         # systemd restarts a daemon that stays silent for WatchdogSec: tick at least twice as often
         wd = notify.watchdog_interval()
-        interval = min(self.cfg.scrape_interval_s, wd / 2) if wd else self.cfg.scrape_interval_s
         try:
             while not stop.is_set():
+                if reload is not None and reload.is_set():
+                    reload.clear()
+                    notify.reloading()
+                    self.reload()
+                    notify.ready()
                 self.tick()
+                interval = min(self.cfg.scrape_interval_s, wd / 2) if wd else self.cfg.scrape_interval_s
                 stop.wait(interval)
         finally:
             notify.stopping()
@@ -103,6 +109,34 @@ class Daemon:
             self._pool.shutdown(wait=True)  # a publish in flight finishes: never leave production half-done
             self.watcher.close()
         return 0
+
+    def reload(self) -> None:
+        """Re-read the config file (``systemctl reload``, SIGHUP) without touching a running tuning or publish.
+
+        Everything applies at the next tick (SLOs, triggers, windows, approval, the staging study for the
+        next tuning, production's target once no publish is in flight) except what names where the daemon
+        lives or listens: its name, state_dir, [metrics].listen and production's URL keep their running
+        values until a restart, and the journal says so. A file that does not load changes nothing.
+        """
+        path = self.cfg.source
+        if path is None:
+            return
+        try:
+            new = load_daemon_config(path)
+            study = load_study(new.staging_study)
+        except AutotuneError as e:
+            _say(f"reload: {path} not applied, the running config stays: {e}")
+            return
+        held = [name for name, old, now in (("name", self.cfg.name, new.name), ("state_dir", self.cfg.state_dir,
+                new.state_dir), ("[metrics].listen", self.cfg.metrics_listen, new.metrics_listen),
+                ("[production].url", self.cfg.production.url, new.production.url)) if old != now]
+        new = replace(new, name=self.cfg.name, state_dir=self.cfg.state_dir, metrics_listen=self.cfg.metrics_listen,
+                      production=replace(new.production, url=self.cfg.production.url))
+        if new.production != self.cfg.production and self._job is None:
+            self.target = build_target(new)
+        self.cfg, self.study = new, study
+        self.watcher.window_s = new.window_s
+        _say(f"reloaded {path}" + (f"; {', '.join(held)} changed and take a restart" if held else ""))
 
     def tick(self) -> None:
         notify.watchdog()

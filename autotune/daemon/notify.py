@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 
 __all__ = ["notify", "ready", "status", "stopping", "watchdog", "watchdog_interval"]
 
@@ -72,6 +73,11 @@ def status(text: str) -> bool:
 def watchdog() -> bool:
     """WATCHDOG=1: still alive. Send at least every half of ``watchdog_interval()``."""
     return notify(WATCHDOG=1)
+
+
+def reloading() -> bool:
+    """RELOADING=1 (with the monotonic clock, as systemd 253+ asks): re-reading the config; READY=1 ends it."""
+    return notify(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000)
 
 
 def stopping() -> bool:
