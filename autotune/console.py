@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.session import Outcome
+from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.records import Remeasurement, StudyResult, TrialRecord
 from autotune.measure.metrics import Distribution
 
@@ -111,7 +112,8 @@ def _measured(v: dict) -> str:
     m = v.get("measured")
     if m is None:
         return "nothing"
-    return f"{m * 1000:.0f} ms" if v["key"] in ("ttft", "tpot", "itl", "e2e") or "tt" in v["key"] else f"{m:.2f}"
+    latency = v["key"].rpartition("_")[2] in LATENCY_METRICS  # p95_ttft, mean_tpot; rps is a rate
+    return f"{m * 1000:.0f} ms" if latency else f"{m:.2f}"
 
 
 def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:

@@ -1,0 +1,51 @@
+"""The study's trial lines and footer text: each outcome said in our words, with the numbers that prove it."""
+
+from optuna.trial import TrialState
+
+from autotune.console import Progress, trial_line
+from autotune.study.records import StudyResult, TrialRecord
+
+
+def record(number, state, attrs, params=None, value=0.0):
+    return TrialRecord(number, state, params or {"max_num_seqs": 64}, (value,), attrs)
+
+
+DEFAULTS = record(0, TrialState.COMPLETE, {"baseline": "vllm-defaults", "constraints": [-0.1], "capacity_rps": 4.0,
+                                           "capacity_output_tok_s": 500.0, "trial_wall_s": 125.0,
+                                           "chosen_because": "baseline vllm-defaults"}, value=4.0)
+
+
+def test_a_measured_trial_says_its_capacity_and_gain_over_the_reference():
+    r = record(3, TrialState.COMPLETE, {"constraints": [-0.2], "capacity_rps": 5.0, "capacity_output_tok_s": 640.0,
+                                        "trial_wall_s": 61.0, "chosen_because": "TPE: the most expected improvement"},
+               {"max_num_seqs": 128}, value=5.0)
+    assert trial_line(r, DEFAULTS) == ("trial 3 (TPE: the most expected improvement) max_num_seqs=128 -> 5.00 req/s "
+                                       "within the SLOs (640 output tok/s), +25% vs vllm-defaults [1m01s]")
+    assert trial_line(DEFAULTS, DEFAULTS).endswith("-> 4.00 req/s within the SLOs (500 output tok/s) [2m05s]")
+
+
+def test_a_failure_says_its_class_and_the_line_that_proves_it():
+    r = record(4, TrialState.PRUNED, {"failure_class": "oom", "constraints": [1000.0],
+                                      "failure": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})
+    assert trial_line(r, DEFAULTS) == ("trial 4 (sampled) max_num_seqs=64 -> oom: torch.OutOfMemoryError: CUDA out of "
+                                       "memory. Tried to allocate 2.00 GiB")
+
+
+def test_no_load_meeting_the_slos_says_how_the_lowest_load_missed():
+    r = record(2, TrialState.COMPLETE, {"constraints": [0.5], "steps": [
+        {"load": 2.0, "rate": 4.0, "failed": 0, "passed": False, "slos": []},
+        {"load": 1.0, "rate": 2.0, "failed": 0, "passed": False, "slos": [
+            {"slo": "p95:ttft<800ms", "key": "p95_ttft", "target": 0.8, "measured": 1.2, "holds": False},
+            {"slo": "rps>5", "key": "rps", "target": 5, "measured": 2.0, "holds": False}]}]})
+    assert trial_line(r, None).endswith("-> no load met the SLOs (at 2.00 req/s: p95:ttft<800ms measured 1200 ms, "
+                                        "rps>5 measured 2.00)")
+
+
+def test_the_footer_counts_finished_trials_and_extrapolates_what_is_left():
+    pruned = record(1, TrialState.PRUNED, {"failure_class": "oom", "trial_wall_s": 35.0,
+                                           "engine_args": {"values": {"tensor_parallel_size": 2}, "env": {}}})
+    result = StudyResult([DEFAULTS, pruned], pareto=False, remeasurement=None, best_number=0)
+    p = Progress.of(result, budget=6, gpu=True)
+    assert (p.done, p.engine_s) == (2, 125.0 + 2 * 35.0)  # the pruned trial held two GPUs
+    assert p.left_s == 4 * p.engine_s / 2
+    assert p.text() == "2/6 trials; best 4.00 req/s (trial 0); GPU time 3m15s, about 6m30s left"
