@@ -389,3 +389,199 @@ def test_a_reload_applies_the_file_but_not_where_the_daemon_lives(capsys, daemon
     d.reload()
     assert "not applied, the running config stays" in capsys.readouterr().err
     assert d.cfg.approval is True
+
+
+# --- 3: the canary's requests are no drift of production's traffic -------------------------------------------
+
+def test_the_canary_s_requests_start_no_tuning_after_a_publish(daemon_file, monkeypatch):
+    """Users send 4 req/s; the canary adds 12 req/s for 5 s while the daemon verifies its publish. Right after
+    the publish, no window may span the canary: the old one would read "traffic drift 0.92 > 0.50"."""
+    import concurrent.futures
+
+    from autotune.daemon.prometheus import Snapshot
+    from autotune.daemon.watcher import Watcher
+    from autotune.publish.transaction import PublishResult
+
+    cfg = load_daemon_config(daemon_file())
+    cfg = replace(cfg, window_s=10.0, tuning_windows=(), triggers=replace(cfg.triggers, cooldown_s=0.0, every_s=0.0))
+    d = Daemon(cfg)
+    clock = {"t": 0.0, "requests": 0.0}
+    d.watcher = Watcher(cfg.production.url, window_s=10.0,
+                        scraper=lambda url, client, timeout: Snapshot(clock["t"], {"requests": clock["requests"]},
+                                                                      {}, {}))
+    started = []
+    monkeypatch.setattr(d, "_start_tuning", lambda trigger, fp: started.append(trigger))
+
+    def serve(seconds, rate):  # one scrape, one tick a second
+        for _ in range(seconds):
+            clock["t"] += 1.0
+            clock["requests"] += rate
+            d.tick()
+
+    serve(12, 4.0)
+    assert d.state.tuned_fingerprint["request_rate"] == pytest.approx(4.0)
+    d._set(Phase.TUNING, note="tuning prod-tune-001: test")
+    d._set(Phase.PUBLISHING, note="publishing")
+    d._set(Phase.VERIFYING)
+    serve(5, 16.0)  # the canary, on top of the users' traffic
+    published = d.history.add("published", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
+    job = concurrent.futures.Future()
+    job.set_result(PublishResult(published, True))
+    d._job = job
+    serve(1, 4.0)
+    assert d.state.phase is Phase.WATCHING
+    serve(15, 4.0)
+    assert started == [], started
+    assert d.state.phase is Phase.WATCHING and "drift" not in d.state.note, d.state.note
+    serve(1, 12.0)
+    serve(10, 12.0)  # users' traffic drifting for real still triggers
+    assert started and started[0].startswith("traffic drift"), started
+
+
+# --- 1: production's config changed under a running tuning ----------------------------------------------------
+
+def _beats_production():
+    """Trial 2 (max_num_seqs 48) clearly beats production's baseline (max_num_seqs 32, as it was deployed)."""
+    records = [_record(0, "production", 5.0, 32), _record(1, "vllm-defaults", 6.0, 64), _record(2, None, 11.0, 48)]
+    cands = [_cand("trial 2", 2, [11.0, 10.9, 11.1]), _cand("baseline vllm-defaults", 1, [6.0, 6.1, 5.9])]
+    return StudyResult(records, False, _verdict(cands, "trial 2", "baseline vllm-defaults", 5.0, 0.2), 2)
+
+
+def test_a_rollback_during_a_tuning_is_not_ignored(capsys, daemon_file, state_dir, monkeypatch):
+    monkeypatch.setattr("autotune.publish.vllm_config.wait_healthy", lambda url, timeout: None)
+    p = daemon_file(top="")
+    (p.parent / "etc" / "production.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 32\n")
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "published", {"max_num_seqs": 32}, source={"study": "prod-tune-000", "trial": 1})
+    metrics = DaemonMetrics()
+    d = Daemon(replace(load_daemon_config(p), approval=True), metrics=metrics)
+    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
+    monkeypatch.setattr(d, "_spawn", lambda: None)
+    d._start_tuning("requested: test", Fingerprint.from_json(_fingerprint()))
+    assert d.state.phase is Phase.TUNING and d.state.production_values["max_num_seqs"] == 32
+    code, out, err = cli(capsys, "rollback", "--config", p, "--to", 1)  # by hand, while the tuning runs
+    assert code == 0, err
+    d._child = None
+    d._tuning = lambda: None  # the child is still running: the tick only follows production
+    d.tick()
+    text = generate_latest(metrics.registry).decode()
+    assert 'entry="3"' in text and 'max_num_seqs="2"' in text, text  # the metric follows the rollback at once
+    capsys.readouterr()
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _beats_production()))
+    d._finish_tuning(0)
+    assert d.history.proposal() is None  # measured against a config production no longer runs: nothing proposed
+    assert d.state.phase is Phase.WATCHING
+    assert "production's config changed while it ran (max_num_seqs 32 -> 2" in d.state.note, d.state.note
+    said = capsys.readouterr().out
+    assert "watching: tuning prod-tune-001: nothing published: production's config changed" in said, said
+
+
+# --- 2: production's baseline that measured nothing is unknown, not 0 ------------------------------------------
+
+def _interrupted_production():
+    """The daemon stopped during production's baseline (FAIL, no measurement); vllm-defaults measured 11.09."""
+    failed = TrialRecord(1, TrialState.FAIL, {"max_num_seqs": 2}, (),
+                         {Attr.BASELINE: "production", Attr.ENGINE_ARGS: {"values": {"max_num_seqs": 2}, "env": {}}})
+    records = [_record(0, "vllm-defaults", 11.09, 64), failed, _record(2, None, 6.0, 12)]
+    cands = [_cand("trial 2", 2, [6.0]), _cand("baseline vllm-defaults", 0, [11.09])]
+    return records, cands
+
+
+def test_an_interrupted_production_baseline_publishes_nothing(daemon_file, monkeypatch):
+    records, cands = _interrupted_production()
+    verdict = _verdict(cands, "baseline vllm-defaults", "baseline vllm-defaults", 0.0, 0.0)
+    c = tuning.choose(StudyResult(records, False, verdict, 0))
+    assert c.trial is None, c
+    assert "production's baseline has no measurement (trial 1 fail)" in c.why and "vs production 0.00" not in c.why
+    assert tuning.production_capacity(StudyResult(records, False, verdict, 0)) is None
+
+    # re-run after the interruption: the re-run is production's measurement, not the failed trial
+    rerun = _record(3, "production", 5.0, 2)
+    c = tuning.choose(StudyResult([*records, rerun], False, verdict, 0))
+    assert c.trial == 0 and "baseline vllm-defaults 11.09 req/s vs production 5.00" in c.why, c
+
+    metrics = DaemonMetrics()
+    d = Daemon(load_daemon_config(daemon_file()), metrics=metrics)
+    d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: StudyResult(records, False,
+                                                                                                verdict, 0)))
+    d._finish_tuning(0)
+    assert d._job is None and d.history.entries() == [] and d.state.phase is Phase.WATCHING
+    assert "no measurement" in d.state.note and "unknown, not 0" in d.state.note, d.state.note
+
+
+# --- 10: production's capacity, and trial gauges once a tuning ended ------------------------------------------
+
+def test_production_capacity_is_set_and_trial_gauges_settle_when_a_tuning_ends(daemon_file, monkeypatch):
+    waiting = TrialRecord(4, TrialState.WAITING, {}, (), {Attr.BASELINE: "earlier-1"})
+    result = tie_with_the_defaults()
+    result = StudyResult([*result.records, waiting], False, result.remeasurement, 3)
+    metrics = DaemonMetrics()
+    d = Daemon(load_daemon_config(daemon_file(top="")), metrics=metrics)
+    d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
+    d.metrics.set_trials({"running": 1, "waiting": 1, "complete": 3})  # as the last scrape of the running study saw
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
+    monkeypatch.setattr(d, "_publish", lambda values, source: None)
+    d._finish_tuning(0)
+    text = generate_latest(metrics.registry).decode()
+    assert "autotune_production_capacity_requests_per_second 5.0" in text, text
+    assert 'autotune_trials{state="waiting"} 0.0' in text and 'autotune_trials{state="running"} 0.0' in text
+    assert 'autotune_trials{state="complete"} 4.0' in text
+
+
+# --- 6: an approved proposal is published by the daemon, on its own loop -----------------------------------------
+
+def test_publish_approve_is_done_by_the_daemon_which_shows_publishing_and_verifying(capsys, daemon_file, state_dir,
+                                                                                     monkeypatch):
+    import threading
+
+    from autotune.cli import daemon as cli_daemon
+
+    monkeypatch.setattr("autotune.publish.vllm_config.wait_healthy", lambda url, timeout: None)
+    monkeypatch.setattr(cli_daemon, "POLL_S", 0.02, raising=False)
+    p = daemon_file(top="")
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "proposed", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
+    d = Daemon(replace(load_daemon_config(p), approval=True))
+    d.state = d.store.save(DaemonState(phase=Phase.AWAITING_APPROVAL, note="entry 2 waits"))
+    monkeypatch.setattr(d, "canary", lambda: (lambda url: CanaryResult(True, {})))
+    phases = []
+    real_set = d._set
+    monkeypatch.setattr(d, "_set", lambda phase, **kw: (phases.append(phase), real_set(phase, **kw)))
+    capsys.readouterr()
+    codes = []
+    approver = threading.Thread(target=lambda: codes.append(main(["publish", "--config", str(p), "--approve"])))
+    approver.start()
+    while approver.is_alive() and len(phases) < 10:
+        d.tick()
+        approver.join(0.05)
+    approver.join(5)
+    assert codes == [0], codes
+    for _ in range(100):  # the daemon's next tick sees its publish done
+        if d.state.phase is Phase.WATCHING:
+            break
+        d.tick()
+        approver.join(0.02)
+    assert phases[:3] == [Phase.PUBLISHING, Phase.VERIFYING, Phase.WATCHING], phases
+    assert (p.parent / "restarted").exists()  # the daemon restarted production, not the command
+    assert d.history.get(2).outcome == "published" and not (root / "publish-approved").exists()
+    out = capsys.readouterr().out
+    assert "publishing: publishing entry 2 (approved by hand)" in out and "verifying: entry 2 deployed" in out, out
+    assert "autotune: entry 2: published" in out
+    assert "watching: entry 2: published" in out
+
+
+def test_publish_approve_no_wait_records_it_and_a_timeout_says_no_daemon_took_it(capsys, daemon_file, state_dir):
+    p = daemon_file(top="")
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})
+    entry(root, 2, "proposed", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
+    code, out, err = cli(capsys, "publish", "--config", p, "--approve", "--no-wait")
+    assert code == 0 and "entry 2 approved; the daemon publishes it at its next tick" in out, (out, err)
+    assert StateStore(root).approval() == 2
+    code, out, err = cli(capsys, "publish", "--config", p, "--approve", "--timeout", "0.3")
+    assert code == 1 and "no daemon has taken the approval yet" in err[-1], err
+    assert History(root / "history").get(2).outcome == "proposed"  # nothing published by the command itself
+    assert not (p.parent / "restarted").exists()

@@ -132,8 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--reason", default="by hand")
         if name == "publish":
             g = q.add_mutually_exclusive_group(required=True)
-            g.add_argument("--approve", action="store_true", help="deploy it: canary, and roll back on failure")
+            g.add_argument("--approve", action="store_true",
+                           help="hand it to the daemon to deploy (canary, rollback on failure) and wait for the outcome")
             g.add_argument("--reject", action="store_true", help="drop it; production stays as it is")
+            q.add_argument("--no-wait", action="store_true", help="return once the approval is recorded")
+            q.add_argument("--timeout", type=float, help="seconds to wait for the outcome (default 1800)")
         if name == "rollback":
             q.add_argument("--to", type=int, help="history entry to restore (default: the good one before)")
 

@@ -132,11 +132,15 @@ def cmd_history(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+APPROVAL_WAIT_S = 1800.0  # how long `publish --approve` waits for the daemon: a restart, a health wait, a canary
+POLL_S = 1.0
+
+
 def cmd_publish(a: argparse.Namespace) -> int:
-    from autotune.daemon.production import build_target, production_canary
-    from autotune.daemon.fingerprint import Fingerprint
-    from autotune.publish.transaction import PublishLock, publish
-    from autotune.study.definition import load_study
+    """``--reject`` settles the proposal here. ``--approve`` records the approval in the daemon's state directory
+    and the daemon publishes on its own loop (publishing, verifying, a rollback if it fails: its phases and its
+    journal show it); this command waits for the outcome in the history and prints it (``--no-wait``: at once)."""
+    from autotune.publish.transaction import PublishLock
 
     cfg, root, store, history = _daemon_parts(a, need_state=False)
     with PublishLock(root):
@@ -145,17 +149,34 @@ def cmd_publish(a: argparse.Namespace) -> int:
             raise ConfigError("no proposal waits for approval (autotune history shows the history)")
         if a.reject:
             history.settle(proposal, "rejected", reason="rejected by hand")
+            store.clear_approval()
             print(f"autotune: entry {proposal.number} rejected; production unchanged")
             return EXIT_OK
-        # the canary imitates production's traffic as the daemon last fingerprinted it
-        fp = store.load().tuned_fingerprint
-        target = build_target(cfg)
-        canary = production_canary(cfg, target, Fingerprint.from_json(fp) if fp else None,
-                                   load_study(cfg.staging_study).workload.tokenizer)
-        result = publish(target, proposal.values, history, canary, entry=proposal)
-    print(f"autotune: entry {result.entry.number}: {result.outcome}" +
-          (f" ({result.entry.reason})" if result.entry.reason else ""))
-    return EXIT_OK if result.ok else EXIT_SLO_MISS
+        store.approve(proposal.number)
+    n = proposal.number
+    if a.no_wait:
+        print(f"autotune: entry {n} approved; the daemon publishes it at its next tick (autotune status shows "
+              "how it goes)")
+        return EXIT_OK
+    print(f"autotune: entry {n} approved; waiting for the daemon to publish it", file=sys.stderr, flush=True)
+    wait = float(a.timeout or APPROVAL_WAIT_S)
+    deadline = time.monotonic() + wait
+    while True:
+        e = history.get(n)
+        if e is None or e.outcome not in ("proposed", "pending"):
+            break
+        if time.monotonic() >= deadline:
+            taken = store.approval() is None
+            print(f"autotune: entry {n} is still {e.outcome} after {wait:g} s; " + (
+                  "the daemon took the approval and goes on publishing (autotune status shows how it goes)" if taken
+                  else f"no daemon has taken the approval yet: is the daemon with {a.config} running? The approval "
+                  "stays recorded until it does"), file=sys.stderr)
+            return EXIT_SLO_MISS
+        time.sleep(POLL_S)
+    if e is None:
+        raise ConfigError(f"history entry {n} is gone (autotune history shows the history)")
+    print(f"autotune: entry {e.number}: {e.outcome}" + (f" ({e.reason})" if e.reason else ""))
+    return EXIT_OK if e.outcome == "published" else EXIT_SLO_MISS
 
 
 def cmd_rollback(a: argparse.Namespace) -> int:

@@ -7,7 +7,15 @@ updates the metrics, and advances the state machine (state.py). Long work never 
   staging study; a daemon restart resumes it, and leftover records reap its engine should the
   daemon die with -9;
 - a publish is a transaction (publish.transaction) on a worker thread; the tick only follows
-  its phase and keeps the watchdog fed through a 15-minute health wait.
+  its phase and keeps the watchdog fed through a 15-minute health wait. A proposal a person
+  approves (`autotune publish --approve` leaves the approval in the state directory) is published
+  the same way, on this loop.
+
+What the daemon decides on is checked against what production is: a tuning remembers the config
+production ran when it started (its `production` baseline), and publishes nothing when production
+runs another one by the time it ends (a rollback meanwhile); after every publish or rollback,
+whoever made it, the watcher starts a new window, so the canary's requests are never read as
+production's traffic.
 
 Everything needed to resume is in the state file and the publish history under the state
 directory (the config's ``state_dir``, else $STATE_DIRECTORY under systemd); the publish and
@@ -37,12 +45,12 @@ from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import TuningChild, choose, write_tuning_study
+from autotune.daemon.tuning import TuningChild, choose, production_capacity, write_tuning_study
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
-from autotune.publish.history import History
+from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
-from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover
+from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, same_config, tidy
 from autotune.study.definition import load_study
 from autotune.study.records import StudyResult
 
@@ -82,6 +90,7 @@ class Daemon:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._job: concurrent.futures.Future[Any] | None = None
         self._failed_scrapes = 0  # in the current streak
+        self._settled = self._last_settled()  # the last publish or rollback the watcher's window starts after
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -150,6 +159,7 @@ class Daemon:
             self._awaiting_approval()
         elif self._job is not None and self._job.done():
             self._publish_done()
+        self._after_publishes()
         self.metrics.set_phase(self.state.phase.value)
         self._history_metrics()
         notify.status(f"{self.state.phase.value}: {self.state.note}"[:200])
@@ -181,6 +191,27 @@ class Daemon:
         print(f"{now.phase.value}: {now.note}", flush=True)
 
     # -- watching ------------------------------------------------------------------------------
+
+    def _last_settled(self) -> tuple[int, str] | None:
+        """The newest publish or rollback in the history (its number and outcome), whoever made it."""
+        try:
+            entries = self.history.entries()
+        except AutotuneError:
+            return None
+        done = [e for e in entries if e.outcome in ("published", "rolled-back")]
+        return (done[-1].number, done[-1].outcome) if done else None
+
+    def _after_publishes(self) -> None:
+        """A publish or rollback ended (the daemon's, or `autotune publish`/`rollback` in another process):
+        production restarted and served the canary, whose requests /metrics counts as production's. No
+        window may span them: the watcher starts a new one at its next scrape, and the fingerprint of
+        the old one is forgotten, so the next trigger judges users' traffic only (issue 15, item 3)."""
+        settled = self._last_settled()
+        if settled == self._settled:
+            return
+        self._settled = settled
+        self.watcher.restart_window()
+        self.fingerprint = None
 
     def _observe(self) -> Observation | None:
         window = self.watcher.poll()
@@ -250,17 +281,33 @@ class Daemon:
         n = self.state.tunings + 1
         name = f"{self.cfg.name}-tune-{n:03d}"
         path = self.root / "tunings" / f"{name}.toml"
-        self._write_tuning_study(name, path, fp)
+        deployed = self.target.deployed()  # what the tuning's `production` baseline measures
+        self._write_tuning_study(name, path, fp, deployed)
         self.metrics.tunings.labels(trigger.split(":")[0].split(" ")[0]).inc()
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
                   note=f"tuning {name}: {trigger}", tuned_fingerprint=self.state.tuned_fingerprint,
-                  breach_streak=0)
+                  breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
         self._spawn()
 
-    def _write_tuning_study(self, name: str, path: Path, fp: Fingerprint) -> None:
+    def _write_tuning_study(self, name: str, path: Path, fp: Fingerprint, deployed: dict[str, Any] | None) -> None:
         write_tuning_study(self.cfg.staging_study, self.study, path, name=name, slos=[x.text for x in self.cfg.slos],
-                           fingerprint=fp, seed=self.state.tunings, deployed=self.target.deployed(),
+                           fingerprint=fp, seed=self.state.tunings, deployed=deployed,
                            prefix=f"{self.cfg.name}-tune-", trace=self.cfg.staging_trace)
+
+    def _production_moved(self) -> str | None:
+        """When production's deployed config is no longer the one the running tuning measured as its
+        `production` baseline (a rollback or a publish by hand meanwhile): what it runs now, in words."""
+        then = self.state.production_values
+        if then is None:  # a tuning started before the daemon recorded it: nothing to compare
+            return None
+        try:
+            now = self.target.deployed()
+        except AutotuneError:
+            return None
+        if now is None or same_config(now, then):
+            return None
+        changed = sorted(k for k in set(now) | set(then) if tidy(now).get(k) != tidy(then).get(k))
+        return ", ".join(f"{k} {then.get(k, 'unset')} -> {tidy(now).get(k, 'unset')}" for k in changed)
 
     def _spawn(self) -> None:
         st = self.state
@@ -277,7 +324,11 @@ class Daemon:
         self._child = None
         self._finish_tuning(rc)
 
-    def _update_trials(self) -> None:
+    def _update_trials(self, finished: StudyResult | None = None) -> None:
+        """The trial gauges: the running study's counts; once it ended (``finished``), nothing runs or waits."""
+        if finished is not None:
+            self.metrics.set_trials({**finished.counts(), "running": 0, "waiting": 0})
+            return
         try:
             result = StudyResult.load(self.study.storage, self.state.study_name)
         except Exception:  # not created yet
@@ -289,14 +340,28 @@ class Daemon:
         done = dict(last_tuning_end=time.time(), tuned_fingerprint=self.fingerprint.to_json()
                     if self.fingerprint else st.tuned_fingerprint)
         if rc not in (0, 1):
+            try:
+                self._update_trials(StudyResult.load(self.study.storage, st.study_name))
+            except Exception:  # the study never started
+                self.metrics.set_trials({})
             self._set(Phase.WATCHING, note=f"tuning {st.study_name} failed (exit {rc}); see its log", **done)
             return
         result = StudyResult.load(self.study.storage, st.study_name)
-        self.metrics.set_trials(result.counts())
+        self._update_trials(result)
+        prod_cap = production_capacity(result)
+        if prod_cap is not None:
+            self.metrics.production_capacity.set(prod_cap)
         if rc == 1 or result.remeasurement is None:
             self._set(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs", **done)
             return
         self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
+        moved = self._production_moved()
+        if moved is not None:
+            # its `production` baseline measured a config production no longer runs: a gain over it means nothing
+            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
+                      f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
+                      "stale; `autotune retune` (or the next trigger) measures the one it runs now", **done)
+            return
         choice = choose(result)
         if choice.trial is None:
             self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why})",
@@ -323,22 +388,41 @@ class Daemon:
     # -- approval and publishing -------------------------------------------------------------
 
     def _awaiting_approval(self) -> None:
-        # `autotune publish --approve` publishes (under the same lock) and settles the entry
-        if self.history.proposal() is None:
+        """`autotune publish --approve` leaves the entry it approves in the state directory; the daemon
+        publishes it here, on its own loop (publishing, verifying, and a rollback if it fails, as for its
+        own winners). `--reject` settles the proposal itself; so does a newer proposal."""
+        proposal = self.history.proposal()
+        approved = self.store.approval()
+        if proposal is None:
+            self.store.clear_approval()
             last = self.history.entries()[-1] if self.history.entries() else None
             self._set(Phase.WATCHING, note=f"proposal settled: {last.outcome if last else 'gone'}")
+            return
+        if approved is None:
+            return
+        self.store.clear_approval()
+        if approved != proposal.number:
+            self._note(f"approval of entry {approved} ignored: the proposal waiting is entry {proposal.number}")
+            return
+        source = {**proposal.source, "approved": "by hand"}
+        self._set(Phase.PUBLISHING, note=f"publishing entry {proposal.number} (approved by hand)")
+        self._job = self._pool.submit(self._publish, proposal.values, source, proposal)
 
     def canary(self) -> Canary:
         fp = self.fingerprint or (Fingerprint.from_json(self.state.tuned_fingerprint)
                                   if self.state.tuned_fingerprint else None)
         return production_canary(self.cfg, self.target, fp, self.study.workload.tokenizer)
 
-    def _publish(self, values: dict[str, Any], source: dict[str, Any]) -> Any:
+    def _publish(self, values: dict[str, Any], source: dict[str, Any], entry: Entry | None = None) -> Any:
+        what = f"entry {entry.number}" if entry is not None else f"trial {source.get('trial')} of {source.get('study')}"
+
         def phase(p: str) -> None:
-            self._set(Phase(p))
+            self._set(Phase(p), note=f"{what} deployed; the canary runs" if p == "verifying"
+                      else f"{what} failed; putting the last good config back")
 
         with PublishLock(self.root):
-            return publish(self.target, values, self.history, self.canary(), source=source, on_phase=phase)
+            return publish(self.target, values, self.history, self.canary(), source=source, entry=entry,
+                           on_phase=phase)
 
     def _publish_done(self) -> None:
         job, self._job = self._job, None

@@ -2,7 +2,8 @@
 
     watching ──trigger──> tuning ──winner──> publishing ──> verifying ──> watching
         ^                   │  │                               │
-        │                   │  └─approval──> awaiting_approval ┘ (a person: autotune publish --approve)
+        │                   │  └─approval──> awaiting_approval ┘ (a person: autotune publish --approve,
+        │                   │                                     which the daemon publishes on its loop)
         └──no better config─┘                                  └──> rolling_back ──> watching
 
 Every transition is written (atomically) before the work it announces starts, so after a
@@ -61,6 +62,7 @@ class DaemonState:
     study_name: str | None = None  # the tuning's Optuna study (resumed after a restart)
     study_file: str | None = None
     tunings: int = 0
+    production_values: dict[str, Any] | None = None  # production's config when the tuning started: its baseline
     note: str = ""  # the last thing worth telling (systemd STATUS=, autotune status)
     scrape_error: str | None = None  # the last failed scrape of production, "URL: error" (kept once it works again)
     scrape_error_at: float = 0.0  # wall clock of it
@@ -86,6 +88,7 @@ class StateStore:
         self.root = Path(root)
         self.path = self.root / "state.json"
         self.retune_flag = self.root / "retune-requested"
+        self.approval_flag = self.root / "publish-approved"
 
     def load(self) -> DaemonState:
         if not self.path.is_file():
@@ -109,6 +112,22 @@ class StateStore:
 
     def clear_retune_request(self) -> None:
         self.retune_flag.unlink(missing_ok=True)
+
+    def approve(self, entry: int) -> None:
+        """``autotune publish --approve``: the proposal (history entry ``entry``) the daemon publishes on its loop."""
+        atomic_write(self.approval_flag, f"{entry}\n")
+
+    def approval(self) -> int | None:
+        """The history entry a person approved and the daemon has not taken yet (None: none)."""
+        try:
+            return int(self.approval_flag.read_text(encoding="utf-8", errors="replace").strip())
+        except FileNotFoundError:
+            return None
+        except ValueError:  # not written by `autotune publish`: no approval
+            return None
+
+    def clear_approval(self) -> None:
+        self.approval_flag.unlink(missing_ok=True)
 
     def take_retune_request(self) -> str | None:
         reason = self.retune_request()

@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from autotune.daemon.fingerprint import Fingerprint, workload_from
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition, derive_study
-from autotune.study.records import Attr, StudyResult
+from autotune.study.records import Attr, StudyResult, TrialRecord
 from autotune.study.runner import build_space
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
-__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "write_tuning_study", "warm_starts", "choose", "TuningChild"]
+__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "write_tuning_study", "warm_starts", "choose",
+           "production_capacity", "TuningChild"]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
 MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
@@ -125,7 +127,8 @@ def choose(result: StudyResult) -> Choice:
     winner is no better than that baseline, and the baseline (a known config, such as vLLM's
     defaults) is the one to weigh against production. Production's capacity is its re-measured
     median if it was re-measured, else its one measurement. Without a production baseline (nothing
-    known about production's config), the study's verdict decides.
+    known about production's config), the study's verdict decides; with one that measured nothing
+    (interrupted, failed), production's capacity is unknown, not 0: nothing is published.
     """
     verdict = result.remeasurement
     assert verdict is not None
@@ -136,17 +139,23 @@ def choose(result: StudyResult) -> Choice:
         pick = cands[verdict.baseline]
         tie = (f"{verdict.winner} and {verdict.baseline} tie ({_differ(verdict.gain_rps, verdict.noise_rps)}), "
                f"so {verdict.baseline} stands for both; ")
-    prod = next((r for r in result.records if r.baseline == "production"), None)
-    if prod is None:
+    tried = [r for r in result.records if r.baseline == "production"]
+    prod = _measured_production(result)
+    if not tried:
         if verdict.significant:
             return Choice(pick["trial"], f"{verdict.winner} beats {verdict.baseline} by {verdict.gain_rps:.2f} "
                                          f"req/s, more than the spread ({verdict.noise_rps:.2f})")
         return Choice(None, f"no gain: {tie or ''}nothing beat {verdict.baseline} by more than the spread")
-    if pick["trial"] == prod.number:
+    if any(pick["trial"] == r.number for r in tried):
         return Choice(None, f"{tie}production's own config won")
     ran = (result.trial(pick["trial"]).attrs.get(Attr.ENGINE_ARGS) or {}).get("values")
-    if ran is not None and _norm(ran) == _norm((prod.attrs.get(Attr.ENGINE_ARGS) or {}).get("values") or {}):
+    if ran is not None and any(_norm(ran) == _norm(r.attrs[Attr.ENGINE_ARGS].get("values") or {})
+                               for r in tried if r.attrs.get(Attr.ENGINE_ARGS)):
         return Choice(None, f"{tie}{pick['label']} runs production's own config")
+    if prod is None:  # interrupted or failed: production's capacity is unknown, not zero
+        how = ", ".join(f"trial {r.number} {r.state.name.lower()}" for r in tried)
+        return Choice(None, f"{tie}production's baseline has no measurement ({how}): nothing to compare "
+                            f"{pick['label']} with; production's capacity is unknown, not 0")
     remeasured = verdict.candidate(prod.number)
     prod_cap = remeasured["median"] if remeasured else prod.capacity_rps
     noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
@@ -156,6 +165,25 @@ def choose(result: StudyResult) -> Choice:
     if gain > floor:
         return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({floor:.2f})")
     return Choice(None, f"{tie}{numbers}: {_differ(gain, floor)}")
+
+
+def _measured_production(result: StudyResult) -> TrialRecord | None:
+    """The `production` baseline trial that measured something: the last one to complete. An interrupted
+    one (FAIL: the daemon stopped mid-trial) or one that crashed measured nothing, whatever its capacity
+    attribute says; a re-run after it is the measurement."""
+    done = [r for r in result.records if r.baseline == "production" and r.state == TrialState.COMPLETE
+            and Attr.CAPACITY_RPS in r.attrs]
+    return done[-1] if done else None
+
+
+def production_capacity(result: StudyResult) -> float | None:
+    """Production's config's capacity on staging as a tuning measured it: its re-measured median if it was
+    re-measured, else its one measurement; None when its baseline measured nothing (unknown, not 0)."""
+    prod = _measured_production(result)
+    if prod is None:
+        return None
+    remeasured = result.remeasurement.candidate(prod.number) if result.remeasurement is not None else None
+    return float(remeasured["median"]) if remeasured else prod.capacity_rps
 
 
 def _differ(gain: float, noise: float) -> str:

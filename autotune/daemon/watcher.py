@@ -83,6 +83,14 @@ class Watcher:
                 break
         return Window.between(start, cur)
 
+    def restart_window(self) -> None:
+        """Forget every snapshot: the next window starts at the next poll.
+
+        The daemon calls it when a publish or rollback ends (its own or another process's): production
+        restarted and served the canary's requests, which are not its users' traffic, and /metrics cannot
+        tell them apart, so no window may span them."""
+        self.snapshots.clear()
+
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
