@@ -14,6 +14,26 @@ may come before or after ``serve``.
 
 MODEL is a named profile (llama-3.1-8b, qwen2.5-32b, llama-3.1-70b), a Hugging Face id of
 one of them, or a directory with config.json (and tokenizer.json, used to count prompts).
+
+    vllm-sim [--gpu NAME] [--gpu-memory-used-by-others BYTES] predict MODEL [vLLM flags...]
+             (--workload FILE | --scenario NAME --rate R [--requests N] [--prompt-tokens N|LO-HI]
+              [--output-tokens N|LO-HI] [--prefix-tokens N|LO-HI] [--burstiness B] [--api chat|completion])
+             [--load F] [--max-concurrency N] [--warmup N] [--slo SLO]... [--json OUT] [--requests-json OUT]
+
+``predict`` runs the engine ``serve`` would start on the workload ``autotune bench`` would
+replay, in virtual time (a fraction of a second; predict.py has the details), and prints
+what ``autotune bench`` prints: request, output and total token throughput, goodput, and
+TTFT/TPOT/ITL/E2E mean and percentiles; ``--json OUT`` writes ``autotune bench --json``'s
+shape with ``"predicted": true``, the GPU and the engine's flags (``--time-scale`` does
+nothing there: nothing runs in real time). The vLLM flags are parsed
+by the same parser as ``serve``'s; the workload flags are ``autotune bench``'s and mean what
+they mean there, except two that are vLLM's flags too: ``--tokenizer DIR`` builds and counts
+the prompts (default: MODEL when it is a directory), and ``--seed`` seeds the workload (vLLM's
+sampling seed changes nothing here: the replay sends ``ignore_eos``). A config that cannot
+start prints vLLM's start-up failure (its config error, or the engine core's root cause) and
+exits 1, ``--json`` then holding the failure and its class (``oom``, ``invalid-args``). Exit
+codes: 0 the engine starts and every ``--slo`` holds; 1 it would not start, or an SLO misses;
+2 bad usage (one line on stderr).
 """
 
 from __future__ import annotations
@@ -22,6 +42,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune.engine.flags import Flag, dest_of
@@ -34,6 +55,9 @@ __all__ = ["build_parser", "main", "parse"]
 SIM_OPTIONS = {"--gpu": "gpu", "--time-scale": "time_scale", "--gpu-memory-used-by-others": "gpu_memory_used_by_others"}
 USAGE = ("vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] "
          "serve MODEL [vLLM flags...]")
+PREDICT_USAGE = ("vllm-sim [--gpu NAME] predict MODEL [vLLM flags...] (--workload FILE | --scenario NAME --rate R) "
+                 "[--max-concurrency N] [--json OUT]")
+COMMANDS = ("serve", "predict")
 HOST_DEFAULT, PORT_DEFAULT = "127.0.0.1", 8000
 # vLLM's human_readable_int flags (engine/arg_utils.py): 8k = 8000, 8K = 8192
 HUMAN_READABLE_INTS = {"max_num_batched_tokens", "max_num_scheduled_tokens", "kv_cache_memory_bytes",
@@ -74,7 +98,11 @@ def _bool_value(name: str, spelling: str) -> bool:
 
 
 class _Parser(argparse.ArgumentParser):
+    one_line = False  # predict's usage errors: one line; serve keeps argparse's usage line (vLLM's format)
+
     def error(self, message: str) -> None:  # argparse's own format: the launcher's classifier reads it
+        if self.one_line:
+            self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -109,11 +137,16 @@ def _add_flag(group: argparse._ArgumentGroup, flag: Flag) -> None:
     group.add_argument(*spellings, **kw)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str = "serve") -> argparse.ArgumentParser:
     from autotune.sim.profiles import GPUS
 
-    p = _Parser(prog="vllm-sim serve", usage=USAGE, allow_abbrev=False,
-                description="vllm serve, simulated: vLLM 0.33's API, start-up and scheduling on a simulated GPU.")
+    if command == "predict":
+        p = _Parser(prog="vllm-sim predict", usage=PREDICT_USAGE, allow_abbrev=False,
+                    description="What autotune bench would measure on vllm-sim's engine, computed in virtual time.")
+        p.one_line = True
+    else:
+        p = _Parser(prog="vllm-sim serve", usage=USAGE, allow_abbrev=False,
+                    description="vllm serve, simulated: vLLM 0.33's API, start-up and scheduling on a simulated GPU.")
     p.add_argument("model_tag", nargs="?", metavar="MODEL", help="a named model, a Hugging Face id we know, "
                    "or a directory with config.json")
     sim = p.add_argument_group("vllm-sim")
@@ -128,7 +161,34 @@ def build_parser() -> argparse.ArgumentParser:
         if flag.name not in seen:
             seen.add(flag.name)
             _add_flag(eng, flag)
+    if command == "predict":
+        _add_predict_options(p)
     return p
+
+
+def _add_predict_options(p: argparse.ArgumentParser) -> None:
+    """``autotune bench``'s workload and replay flags (autotune/cli), less the two vLLM has (--seed, --tokenizer).
+
+    Kept here as a copy, not imported: the simulator sits below the ``autotune`` CLI (tests/test_layout.py).
+    """
+    g = p.add_argument_group("workload (as autotune bench: a trace file or a synthetic scenario)")
+    g.add_argument("--workload", type=Path, help="trace: autotune JSONL, vllm bench custom JSONL, or ShareGPT JSON")
+    g.add_argument("--scenario", help="synthetic: chat, long-docs or high-concurrency")
+    g.add_argument("--rate", type=float, help="arrival rate in requests/s (synthetic, or files without arrival times)")
+    g.add_argument("--requests", type=int, default=200, help="number of requests (default 200)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson (default)")
+    g.add_argument("--prompt-tokens", help="override the scenario's prompt length: N or LO-HI")
+    g.add_argument("--output-tokens", help="scenario output length N or LO-HI; for a file, a fixed N")
+    g.add_argument("--prefix-tokens", help="override the scenario's shared prefix length: N or LO-HI")
+    g.add_argument("--api", choices=("completion", "chat"), help="force the API for every request")
+    r = p.add_argument_group("replay (as autotune bench), in virtual time")
+    r.add_argument("--load", type=float, default=1.0, help="multiply the arrival rate (default 1)")
+    r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
+    r.add_argument("--warmup", type=int, default=4, help="unmeasured warm-up requests (default 4)")
+    r.add_argument("--slo", action="append", default=[],
+                   help="an SLO, repeatable, as autotune bench takes it: 'ttft<800ms' (p95), 'p99:tpot<50ms', ...")
+    r.add_argument("--json", type=Path, help="write the result as JSON here (autotune bench --json's shape)")
+    r.add_argument("--requests-json", type=Path, help="write every request's timings (JSONL) here")
 
 
 def _normalize(args: list[str]) -> list[str]:
@@ -180,14 +240,15 @@ def _config_args(path: str, parser: argparse.ArgumentParser) -> list[str]:
     return out
 
 
-def _split_sim_prefix(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """``[sim options] serve rest`` -> one argument list for the serve parser."""
+def _split_sim_prefix(argv: list[str]) -> tuple[str, list[str]]:
+    """``[sim options] serve|predict rest`` -> (the command, one argument list for its parser)."""
+    parser = build_parser()
     pre: list[str] = []
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if tok == "serve":
-            return pre + argv[i + 1:]
+        if tok in COMMANDS:
+            return tok, pre + argv[i + 1:]
         if tok in ("-h", "--help"):
             parser.print_help()
             sys.exit(0)
@@ -201,15 +262,17 @@ def _split_sim_prefix(argv: list[str], parser: argparse.ArgumentParser) -> list[
             else:
                 parser.error(f"argument {tok}: expected one argument")
         else:
-            parser.error(f"expected `serve` before {tok!r} (usage: {USAGE})")
+            parser.error(f"expected `serve` or `predict` before {tok!r} (usage: {USAGE})")
         i += 1
-    parser.error("the following arguments are required: serve")
+    parser.error("the following arguments are required: serve (or predict)")
     raise AssertionError  # parser.error exits
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = build_parser()
-    args = _normalize(_split_sim_prefix(list(argv), parser))
+    """The command line of ``serve`` or ``predict`` (``ns.command``), with vLLM's spellings and --config."""
+    command, rest = _split_sim_prefix(list(argv))
+    parser = build_parser(command)
+    args = _normalize(rest)
     if "--config" in args or any(a.startswith("--config=") for a in args):
         i = next(i for i, a in enumerate(args) if a == "--config" or a.startswith("--config="))
         if args[i] == "--config":
@@ -225,9 +288,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         else:
             args = extra + rest
     ns = parser.parse_args(args)
+    ns.command = command
     ns.model_tag = ns.model_tag or ns.model
     if not ns.model_tag:
-        parser.error("the following arguments are required: MODEL (as `serve MODEL` or --model)")
+        parser.error(f"the following arguments are required: MODEL (as `{command} MODEL` or --model)")
     return ns
 
 
@@ -245,25 +309,41 @@ def _fit_max_model_len(values: dict[str, Any], gpu: Any, shape: Any, used: int) 
     return max(block, min(top, s.plan.kv_tokens // block * block))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ns = parse(sys.argv[1:] if argv is None else argv)
-    # imports that cost time come after the usage checks: a bad command line fails fast
-    from autotune.sim import server
+PREDICT_KEYS = {"command", "workload", "scenario", "rate", "requests", "burstiness", "prompt_tokens",
+                "output_tokens", "prefix_tokens", "api", "load", "max_concurrency", "warmup", "slo", "json",
+                "requests_json"}
+
+
+def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | None:
+    """(shape, GPU, the vLLM flags given, SimConfig); None, after vLLM's message, for a model it cannot find."""
     from autotune.sim.config import SimConfig
     from autotune.sim.profiles import gpu_profile, model_shape
-    from autotune.sim.text import TextCodec
 
     try:
         shape = model_shape(ns.model_tag)
     except KeyError as e:
         print(f"OSError: {e.args[0]}", file=sys.stderr, flush=True)
-        return 1
+        return None
     gpu = gpu_profile(ns.gpu)
-    sim_keys = {"gpu", "time_scale", "gpu_memory_used_by_others", "model_tag"}
+    sim_keys = {"gpu", "time_scale", "gpu_memory_used_by_others", "model_tag"} | PREDICT_KEYS
     values = {k: v for k, v in vars(ns).items() if v is not None and k not in sim_keys}
     if values.get("max_model_len") == -1:
         values["max_model_len"] = _fit_max_model_len(values, gpu, shape, ns.gpu_memory_used_by_others)
-    config = SimConfig.from_args(values, gpu, shape)
+    return shape, gpu, values, SimConfig.from_args(values, gpu, shape)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = parse(sys.argv[1:] if argv is None else argv)
+    if ns.command == "predict":
+        return _predict(ns)
+    # imports that cost time come after the usage checks: a bad command line fails fast
+    from autotune.sim import server
+    from autotune.sim.text import TextCodec
+
+    engine = _engine(ns)
+    if engine is None:
+        return 1
+    shape, gpu, values, config = engine
     non_default = {k: v for k, v in values.items()
                    if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))}
     opts = server.ServeOptions(
@@ -276,6 +356,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         non_default_args={"model_tag": ns.model_tag, **non_default},
     )
     return server.run(opts)
+
+
+def _predict(ns: argparse.Namespace) -> int:
+    """``vllm-sim predict``: usage and workload errors are one line, exit 2 (autotune's ConfigError)."""
+    from autotune.errors import AutotuneError
+
+    try:
+        return _run_predict(ns)
+    except AutotuneError as e:
+        print(f"vllm-sim predict: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:  # a path the system refused (the workload's readers name the common ones themselves)
+        print(f"vllm-sim predict: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+def _run_predict(ns: argparse.Namespace) -> int:
+    from autotune.measure.slo import parse_slos
+    from autotune.sim import predict
+    from autotune.sim.text import TextCodec
+
+    slos = parse_slos(ns.slo)
+    spec = predict.workload_spec(ns)
+    engine = _engine(ns)
+    if engine is None:
+        return 1
+    shape, gpu, values, config = engine
+    workload = predict.load_workload(spec)
+    opts = predict.PredictOptions(
+        model=ns.model_tag, served_name=(ns.served_model_name or [ns.model_tag])[0], shape=shape, gpu=gpu,
+        gpu_key=ns.gpu, config=config, used_by_others=ns.gpu_memory_used_by_others,
+        tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag), load=ns.load, max_concurrency=ns.max_concurrency,
+        warmup=ns.warmup, slos=slos,
+        vllm_args={k: v for k, v in values.items() if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))})
+    return predict.report(predict.predict(opts, workload), ns.json, ns.requests_json)
 
 
 if __name__ == "__main__":

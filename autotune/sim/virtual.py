@@ -9,7 +9,8 @@ apply unchanged, and so capacity means here what it means for a real engine.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.engine.model import ModelShape
@@ -76,22 +77,33 @@ def prompt_blocks(index: int | str, prompt_len: int, prefix_group: str | None, p
 
 
 def simulate(engine: SimEngine, workload: Workload, *, warmup: int = 0, keep_itl: bool = False,
-             on_step: Callable[[float, int], None] | None = None) -> list[RequestResult]:
+             on_step: Callable[[float, int], None] | None = None, max_concurrency: int | None = None,
+             prompt_ids: Sequence[Sequence[int]] | None = None) -> list[RequestResult]:
     """Replay ``workload`` (arrival times as given) on the engine; one result per request.
 
     ``warmup``: first send that many of the workload's requests at once, 16 tokens each, and
     run them to completion unmeasured, as the replay client's warm-up does (it fills the
     prefix cache the way a running production engine has it filled).
+    ``max_concurrency``: the replay client's cap on requests in flight; a request that arrives
+    while the cap is reached is sent when one finishes, first come first sent (its ``sent_s``
+    and latencies start then, its send lag shows the wait), as ``--max-concurrency`` does.
+    ``prompt_ids``: each request's prompt as the server would tokenize it (``predict``); its
+    length is the prompt's and its blocks are hashed as the server hashes them, so requests
+    (and the warm-up) share prefix-cache blocks exactly where their tokens agree. Without it a
+    prompt is its token count, its prefix group and stand-in blocks (``prompt_blocks``).
     """
     if warmup > 0:
         warm = [replace(r, arrival_s=0.0, output_tokens=min(r.output_tokens, 16))
                 for r in workload.requests[:warmup]]
-        _run(engine, Workload(tuple(warm), "warm-up"), keep_itl=False, on_step=None, tag="warm-up")
-    return _run(engine, workload, keep_itl=keep_itl, on_step=on_step, tag="")
+        _run(engine, Workload(tuple(warm), "warm-up"), keep_itl=False, on_step=None, tag="warm-up",
+             prompt_ids=None if prompt_ids is None else prompt_ids[:warmup])
+    return _run(engine, workload, keep_itl=keep_itl, on_step=on_step, tag="", max_concurrency=max_concurrency,
+                prompt_ids=prompt_ids)
 
 
 def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Callable[[float, int], None] | None,
-         tag: str) -> list[RequestResult]:
+         tag: str, max_concurrency: int | None = None,
+         prompt_ids: Sequence[Sequence[int]] | None = None) -> list[RequestResult]:
     sched = engine.scheduler
     bs = engine.config.block_size
     arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
@@ -100,21 +112,37 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
     reqs: list[Request] = []
     last: list[float] = []
     for i, r in enumerate(workload.requests):
-        n = _prompt_tokens(r)
-        reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s,
-                            # one stand-in per block: block size 1 for the hashes
-                            block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)))
+        if prompt_ids is not None:
+            n = len(prompt_ids[i])
+            hashes = block_hashes(prompt_ids[i], bs)
+        else:
+            n = _prompt_tokens(r)
+            # one stand-in per block: block size 1 for the hashes
+            hashes = block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)
+        reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s, hashes))
         results.append(RequestResult(index=i, scheduled_s=r.arrival_s, sent_s=r.arrival_s, success=False,
                                      prompt_tokens=n, expected_output_tokens=r.output_tokens))
         last.append(0.0)
+    held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
+    in_flight = 0
+
+    def send(i: int, at: float) -> None:
+        nonlocal in_flight
+        reqs[i].arrival_s = results[i].sent_s = at
+        if reqs[i].prompt_len > engine.config.max_model_len:
+            results[i].error = "prompt longer than max_model_len"  # vLLM answers 400
+            return
+        sched.add(reqs[i])
+        in_flight += 1
+
     now = 0.0
     while arrivals or sched.has_work:
         while arrivals and arrivals[0][0] <= now:
-            _, i = heapq.heappop(arrivals)
-            if reqs[i].prompt_len > engine.config.max_model_len:
-                results[i].error = "prompt longer than max_model_len"  # vLLM answers 400
-                continue
-            sched.add(reqs[i])
+            t, i = heapq.heappop(arrivals)
+            if max_concurrency is not None and (held or in_flight >= max_concurrency):
+                held.append(i)
+            else:
+                send(i, t)
         if not sched.has_work:
             now = arrivals[0][0]
             continue
@@ -137,6 +165,9 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
                 res.success = True
                 res.e2e = res.elapsed = t
                 res.output_tokens = req.num_output
+                in_flight -= 1
+        while held and in_flight < (max_concurrency or 0):
+            send(held.popleft(), now)
     return results
 
 
