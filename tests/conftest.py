@@ -82,3 +82,66 @@ def vllm_sim(tiny_model, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- no process outlives the run ----------------------------------------------------------------------
+
+# what a test may start that must never be left behind: engines (real and simulated), the dashboard,
+# the daemon and its tunings, the capture proxy, Xinference, PostgreSQL servers, nginx
+_OWNED = ("vllm serve", "autotune.sim.cli", "vllm-sim", "optuna-dashboard", "-m autotune", "bin/autotune",
+          "xinference", "EngineCore", "postgres -D", "nginx")
+
+
+_RUN_MARK = "AUTOTUNE_TEST_RUN"  # in the environment of everything this run starts, so only its own count
+
+
+def _leftovers(mark: str) -> list:
+    import psutil
+
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        try:
+            if p.info["pid"] == me:
+                continue
+            line = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
+            if any(word in line for word in _OWNED) and p.environ().get(_RUN_MARK) == mark:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def pytest_sessionstart(session):
+    import uuid
+
+    os.environ[_RUN_MARK] = session.config._autotune_mark = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that leaves an engine, a dashboard or a daemon behind fails, naming each (and kills them, so
+    the next run starts clean). Stragglers get a few seconds to finish their own shutdown first."""
+    import time
+
+    import psutil
+
+    mark = getattr(session.config, "_autotune_mark", None)
+    if mark is None:
+        return
+    deadline = time.monotonic() + 10
+    left = _leftovers(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _leftovers(mark)
+    if not left:
+        return
+    lines = []
+    for p in left:
+        try:
+            lines.append(f"pid {p.pid}: {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
+    if lines:
+        print("\nprocesses left behind by the test run (killed now):\n  " + "\n  ".join(lines), file=sys.stderr)
+        session.exitstatus = 1
