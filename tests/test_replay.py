@@ -1,5 +1,9 @@
 """The replay client over real HTTP streams, against the fixed-timing server (known TTFT/ITL)."""
 
+import contextlib
+import ctypes
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -17,21 +21,51 @@ from tests.conftest import free_port
 TTFT_MS, ITL_MS = 40.0, 10.0
 
 
-@pytest.fixture(scope="module")
-def server():
+def own_session_dying_with_parent() -> None:
+    """preexec_fn: a process group of its own, and SIGKILL when the process that started it dies (Linux), so
+    that a test process killed mid-test (a timeout, a mutation-testing worker) leaves no server behind."""
+    os.setsid()
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def fixed_timing_server(ttft_ms: float, itl_ms: float, *extra: str):
+    """Run autotune.sim.fixed_timing in its own process group; its URL. The group is killed whatever happens."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "autotune.sim.fixed_timing", "--port", str(port),
-                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
+                             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), *extra],
+                            preexec_fn=own_session_dying_with_parent, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"the fixed-timing server exited with {proc.returncode}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the fixed-timing server did not answer /health"
             time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait()
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with fixed_timing_server(TTFT_MS, ITL_MS) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def packed_server():
+    """Like vLLM with --stream-interval 4: several tokens per SSE chunk."""
+    with fixed_timing_server(TTFT_MS, ITL_MS, "--stream-interval", "4") as url:
+        yield url
 
 
 def workload(n, gap, out=5, api="completion", prompt="hello"):
@@ -58,6 +92,23 @@ def test_timings_match_the_server(server):
     assert s.completed == 20 and s.failed == 0
     assert s.ttft.p50 == pytest.approx(TTFT_MS / 1000, abs=0.015)
     assert s.tpot.p50 == pytest.approx(ITL_MS / 1000, abs=0.005)
+
+
+@pytest.mark.parametrize("api", ["completion", "chat"])
+def test_tokens_come_from_the_usage_chunk_not_the_chunk_count(packed_server, api):
+    # 10 tokens as vLLM streams them with --stream-interval 4: chunks of 1, 4, 4 and 1 tokens
+    rep = run_replay(packed_server, workload(6, 0.05, out=10, api=api), ReplayOptions(warmup_requests=0))
+    assert all(r.success for r in rep.results)
+    t = truth(packed_server)
+    for r in rep.results:
+        sizes = next(v["chunk_tokens"] for k, v in t.items() if k.endswith(f"-{r.index}"))
+        assert len(r.itl) == len(sizes) - 1 < r.output_tokens - 1  # fewer chunks than tokens
+        assert r.output_tokens == sum(sizes) == 10
+    s = summarize(rep.results)
+    assert s.output_tokens == 60
+    # TPOT divides by tokens, not chunks: it is the server's per-token time, though chunks come 4 ITLs apart
+    assert s.tpot.p50 == pytest.approx(ITL_MS / 1000, rel=0.3)
+    assert s.itl.p50 == pytest.approx(4 * ITL_MS / 1000, rel=0.3)
 
 
 def test_chat_api(server):

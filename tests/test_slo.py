@@ -46,6 +46,7 @@ def test_holds_and_violation():
     assert slo.violation(1.2) == pytest.approx(0.5)
     floor = parse_slo("throughput>100")
     assert floor.holds(150) and not floor.holds(50)
+    assert not slo.holds(0.8) and not floor.holds(100)  # the bound itself misses, both ways
     assert floor.violation(50) == pytest.approx(0.5)
     assert floor.violation(None) == math.inf
 
@@ -76,3 +77,48 @@ def test_duplicate_slo_rejected():
     with pytest.raises(SLOSyntaxError, match="repeats"):
         parse_slos(["ttft<1s", "p95:ttft<2s"])
     assert len(parse_slos(["ttft<1s", "p99:ttft<2s"])) == 2
+
+
+def test_a_verdict_without_a_measurement_is_stored_without_infinity():
+    from autotune.measure.slo import Verdict
+
+    slo = parse_slo("ttft<800ms")
+    j = Verdict(slo, None).to_json()  # JSON (and Optuna's attrs) cannot hold inf
+    assert j == {"slo": "p95:ttft<800ms", "key": "p95_ttft", "target": 0.8, "measured": None, "holds": False,
+                 "violation": None}
+    assert Verdict(slo, 1.2).to_json()["violation"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("stat,ok", [("p0", False), ("p1", True), ("p0.5", True), ("p100", True), ("p100.5", False)])
+def test_percentiles_from_above_zero_to_a_hundred(stat, ok):
+    text = f"{stat}:ttft<1s"
+    if ok:
+        assert parse_slo(text).percentile == float(stat[1:])
+    else:
+        with pytest.raises(SLOSyntaxError, match="between p0 and p100"):
+            parse_slo(text)
+
+
+def test_errors_name_what_is_allowed_and_what_repeats():
+    with pytest.raises(SLOSyntaxError) as e:
+        parse_slo("ttfb<1s")
+    assert "use one of ttft, tpot, itl, e2e, throughput, rps, goodput" in str(e.value)
+    with pytest.raises(SLOSyntaxError) as e:
+        parse_slos(["ttft<1s", "p95:ttft<2s"])
+    assert "SLO 'p95:ttft<2s' repeats 'p95:ttft<1s'" in str(e.value)
+
+
+def test_the_normalised_text_of_each_kind():
+    assert parse_slo("mean:tpot<5ms").text == "mean:tpot<5ms"
+    assert parse_slo("throughput>2000").text == "throughput>2000tok/s"
+    assert parse_slo("rps>5/s").text == "rps>5req/s"
+    assert parse_slo("goodput>2.5").text == "goodput>2.5req/s"
+
+
+def test_more_errors_say_what_to_do():
+    with pytest.raises(SLOSyntaxError, match="'ttft<0ms': a latency target must be above zero"):
+        parse_slo("ttft<0ms")
+    with pytest.raises(SLOSyntaxError, match=r"percentile p101 in 'p101:ttft<1s' must be"):
+        parse_slo("p101:ttft<1s")
+    with pytest.raises(SLOSyntaxError, match=r"rps takes req/s, /s \(or none\)"):
+        parse_slo("rps>5tok/s")

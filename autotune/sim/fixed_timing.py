@@ -3,12 +3,16 @@
 Real vLLM cannot tell us the truth about its own latencies, so the replay client is measured
 against this: every stream waits ``ttft`` before its first token and ``itl`` between tokens,
 emits exactly ``max_tokens`` tokens in vLLM's SSE shapes (completion and chat, usage chunk,
-``[DONE]``), and records when it actually wrote each chunk. A prompt containing FAIL gets
+``[DONE]``), and records when it actually wrote each chunk. ``stream_interval`` (``--stream-interval``,
+vLLM's flag of the same name) packs tokens into chunks as vLLM does: the first token alone, then
+a chunk once ``stream_interval`` more tokens are generated, and the rest when the stream ends;
+each chunk leaves when its last token is due, so the usage chunk's ``completion_tokens`` is
+the only true token count. A prompt containing FAIL gets
 an HTTP 500, to test how failures are counted. ``GET /truth`` returns those
 records, keyed by the request's ``x-request-id`` header, so a benchmark compares the client's
 TTFT and ITL with what the server did. Plain asyncio, HTTP/1.1 keep-alive, one process.
 
-    python -m autotune.sim.fixed_timing --port 8200 --ttft-ms 20 --itl-ms 5
+    python -m autotune.sim.fixed_timing --port 8200 --ttft-ms 20 --itl-ms 5 [--stream-interval 4]
 """
 
 from __future__ import annotations
@@ -21,10 +25,27 @@ import time
 MODEL = "fixed-timing"
 
 
+def chunk_sizes(n: int, stream_interval: int = 1) -> list[int]:
+    """Tokens per streamed chunk for ``n`` output tokens, as vLLM's output processor groups them."""
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be at least 1, not {stream_interval}")
+    sizes: list[int] = []
+    pending = 0
+    for i in range(n):
+        pending += 1
+        if i == 0 or pending >= stream_interval or i == n - 1:
+            sizes.append(pending)
+            pending = 0
+    return sizes
+
+
 class FixedTimingServer:
-    def __init__(self, ttft_s: float, itl_s: float) -> None:
+    def __init__(self, ttft_s: float, itl_s: float, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, not {stream_interval}")
         self.ttft_s = ttft_s
         self.itl_s = itl_s
+        self.stream_interval = stream_interval
         self.truth: dict[str, dict[str, object]] = {}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -76,17 +97,21 @@ class FixedTimingServer:
 
         obj = "chat.completion.chunk" if chat else "text_completion"
         writes = []
+        sizes = chunk_sizes(n, self.stream_interval)
         start = t_recv
-        for i in range(n):
-            due = start + self.ttft_s + i * self.itl_s
+        last_token = -1  # index of the last token written so far
+        for k, size in enumerate(sizes):
+            last_token += size
+            due = start + self.ttft_s + last_token * self.itl_s  # a chunk leaves when its last token is due
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            finish = "length" if k == len(sizes) - 1 else None
             if chat:
-                delta = {"role": "assistant", "content": ""} if i == 0 else {"content": " tok"}
-                choice = {"index": 0, "delta": delta, "finish_reason": "length" if i == n - 1 else None}
+                delta = {"role": "assistant", "content": ""} if k == 0 else {"content": " tok" * size}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}
+                choice = {"index": 0, "text": " tok" * size, "finish_reason": finish}
             writer.write(chunk({"id": "x", "object": obj, "model": MODEL, "choices": [choice]}))
             await writer.drain()
             writes.append(time.perf_counter())
@@ -95,11 +120,12 @@ class FixedTimingServer:
         writer.write(chunk(b"[DONE]") + b"0\r\n\r\n")
         await writer.drain()
         if rid is not None:
-            self.truth[rid] = {"ttft": writes[0] - t_recv, "itl": [b - a for a, b in zip(writes, writes[1:])]}
+            self.truth[rid] = {"ttft": writes[0] - t_recv, "itl": [b - a for a, b in zip(writes, writes[1:])],
+                               "chunk_tokens": sizes}
 
 
-async def serve(host: str, port: int, ttft_s: float, itl_s: float) -> None:
-    srv = FixedTimingServer(ttft_s, itl_s)
+async def serve(host: str, port: int, ttft_s: float, itl_s: float, stream_interval: int = 1) -> None:
+    srv = FixedTimingServer(ttft_s, itl_s, stream_interval)
     server = await asyncio.start_server(srv.handle, host, port, backlog=4096)
     async with server:
         await server.serve_forever()
@@ -111,7 +137,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8200)
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="tokens per SSE chunk after the first, as vLLM's --stream-interval (default: 1)")
     a = ap.parse_args()
+    if a.stream_interval < 1:
+        ap.error("--stream-interval must be at least 1")
     try:
         try:
             import uvloop
@@ -119,7 +149,7 @@ def main() -> None:
         except ImportError:
             factory = None
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(a.host, a.port, a.ttft_ms / 1000, a.itl_ms / 1000))
+            runner.run(serve(a.host, a.port, a.ttft_ms / 1000, a.itl_ms / 1000, a.stream_interval))
     except KeyboardInterrupt:
         pass
 

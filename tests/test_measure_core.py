@@ -1,0 +1,438 @@
+"""The rules that decide capacity: a load step, a session's outcome, the re-measurement's verdict.
+
+Fast (no engine): pure values, and the replay against the fixed-timing server where the rule is
+about what a real stream produces. ``scripts/mutation.sh`` mutates these modules and runs this file.
+"""
+
+import pytest
+
+from autotune.measure.metrics import RequestResult, summarize
+from autotune.measure.profiles import FixedLoad, Ladder
+from autotune.measure.replay import ReplayOptions
+from autotune.measure.session import MIN_OFFERED_SHARE, Outcome, Step, measure_url
+from autotune.measure.slo import parse_slos
+from autotune.workload.trace import Request, Workload
+from tests.test_replay import fixed_timing_server
+
+TTFT_MS, ITL_MS = 20.0, 5.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with fixed_timing_server(TTFT_MS, ITL_MS) as url:
+        yield url
+
+
+def done(i, sent, ttft=0.05, itl=(0.01,), out=None, scheduled=None):
+    out = len(itl) + 1 if out is None else out
+    return RequestResult(i, sent if scheduled is None else scheduled, sent, True, ttft=ttft, itl=list(itl),
+                         e2e=ttft + sum(itl), prompt_tokens=3, output_tokens=out, expected_output_tokens=out)
+
+
+def step_of(load, results, slos=("ttft<1s",), rate_per_load=4.0):
+    slo = parse_slos(list(slos))
+    s = summarize(results, slo)
+    return Step(load, rate_per_load * load, s, s.verdicts(slo), 1.0, results)
+
+
+# --- a step with a failed request does not count (whatever its latencies) ---
+
+def measure_on_schedule(url, workload, slos, profile, tries=3):
+    """measure_url, measured again (not asserted again) while a stalled host kept the client off its schedule."""
+    for _ in range(tries):
+        out = measure_url(url, lambda load: workload, slos, ReplayOptions(warmup_requests=0), profile)
+        if all(s.client_kept_up for s in out.steps):
+            break
+    assert all(s.client_kept_up for s in out.steps), "the client fell behind its schedule in every try"
+    return out
+
+
+def test_a_step_that_lost_a_request_on_a_real_stream_is_no_capacity(server):
+    """Over HTTP: one request of six gets a 500; the others meet a generous SLO, yet the step fails."""
+    prompts = ["ok", "ok", "please FAIL", "ok", "ok", "ok"]
+    w = Workload(tuple(Request(i * 0.1, 4, prompt=p) for i, p in enumerate(prompts)))
+    out = measure_on_schedule(server, w, parse_slos(["ttft<5s", "e2e<10s"]), Ladder(1.0, 1, 1.25))
+    (step,) = out.steps
+    assert (step.summary.completed, step.summary.failed) == (5, 1)
+    assert step.slos_hold  # every SLO held on the requests that completed, and the load was offered
+    assert not step.passed and out.capacity is None and out.capacity_rps == 0.0
+    assert step.to_json()["passed"] is False
+    # the ladder reads the step as a miss and halves
+    assert Ladder(1.0, 4, 1.25).next_load([(step.load, step.passed)]) == 0.5
+
+
+def test_the_same_step_without_the_failure_is_capacity(server):
+    w = Workload(tuple(Request(i * 0.1, 4, prompt="ok") for i in range(6)))
+    out = measure_on_schedule(server, w, parse_slos(["ttft<5s"]), FixedLoad())
+    assert out.steps[0].passed and out.capacity is out.steps[0]
+    assert out.capacity_rps == pytest.approx(w.rate)
+
+
+def test_the_rule_is_the_same_when_summarized_from_results():
+    slo = ("ttft<1s",)
+    clean = [done(i, i * 0.1) for i in range(5)]
+    lost = clean[:4] + [RequestResult(4, 0.4, 0.4, False, error="HTTP 500: boom", elapsed=0.01)]
+    assert step_of(1, clean, slo).passed
+    s = step_of(1, lost, slo)
+    assert s.slos_hold and s.client_kept_up and not s.passed
+
+
+# --- the ladder ---
+
+def test_the_ladder_bisects_below_a_first_miss():
+    # start at 1: miss; halve to 0.5: pass; then bisect geometrically between them (ratio 2 > 1.25)
+    assert Ladder(1.0, 4, 1.25).next_load([(1.0, False), (0.5, True)]) == pytest.approx(0.5 ** 0.5)
+
+
+def test_the_ladder_stops_when_the_bracket_is_exactly_the_resolution():
+    assert Ladder(1.0, 8, 1.25).next_load([(1.0, True), (1.25, False)]) is None
+    assert Ladder(1.0, 8, 1.25).next_load([(1.0, True), (1.5, False)]) == pytest.approx(1.5 ** 0.5)
+
+
+# --- Step: the offered load ---
+
+def test_offered_share_is_the_scheduled_span_over_the_sent_span():
+    results = [done(i, sent=i * 0.125, scheduled=i * 0.1) for i in range(9)]  # sends stretched by 25 %
+    s = step_of(1, results)
+    assert s.offered_share == pytest.approx(0.8)
+    assert not s.client_kept_up and not s.passed
+
+
+def test_offered_share_is_measured_on_spans_not_on_times():
+    # a step whose schedule does not start at zero: only the spans count
+    results = [done(i, sent=1.0 + i * 0.125, scheduled=1.0 + i * 0.1) for i in range(9)]
+    assert step_of(1, results).offered_share == pytest.approx(0.8)
+    two = [done(0, sent=0.0, scheduled=0.0), done(1, sent=0.2, scheduled=0.1)]  # two sends are enough to judge
+    assert step_of(1, two).offered_share == pytest.approx(0.5)
+
+
+def test_sends_closer_than_scheduled_are_no_more_than_the_full_load():
+    results = [done(i, sent=i * 0.05, scheduled=i * 0.1) for i in range(5)]
+    assert step_of(1, results).offered_share == 1.0
+
+
+def test_the_offered_share_threshold_is_inclusive():
+    # sends stretched exactly to 1 / MIN_OFFERED_SHARE: the client offered just enough
+    results = [done(i, sent=i * 0.5, scheduled=i * 0.5 * MIN_OFFERED_SHARE) for i in range(3)]
+    s = step_of(1, results)
+    assert s.offered_share == MIN_OFFERED_SHARE and s.client_kept_up
+    nudged = [done(i, sent=i * 0.5, scheduled=i * 0.5 * MIN_OFFERED_SHARE * 1.000001) for i in range(3)]
+    assert step_of(1, nudged).client_kept_up
+    short = [done(i, sent=i * 0.5, scheduled=i * 0.5 * MIN_OFFERED_SHARE * 0.999) for i in range(3)]
+    assert not step_of(1, short).client_kept_up
+
+
+@pytest.mark.parametrize("results", [
+    [],
+    [done(0, 0.3, scheduled=0.0)],  # one request: no span to compare
+    [done(0, 0.2, scheduled=0.0), done(1, 0.2, scheduled=0.1)],  # both left at once: no sent span
+])
+def test_too_few_sends_to_judge_count_as_offered(results):
+    assert Step(1, 4, summarize(results), [], 1.0, results).offered_share == 1.0
+
+
+def test_step_json_carries_the_verdicts_and_the_rates():
+    results = [done(i, i * 0.1, ttft=0.05 * (i + 1)) for i in range(4)]
+    s = step_of(2, results, ("p50:ttft<100ms", "rps>1"))
+    j = s.to_json()
+    assert (j["load"], j["rate"], j["passed"], j["client_kept_up"]) == (2, 8.0, s.passed, True)
+    assert j["offered_share"] == 1.0 and j["replay_s"] == 1.0
+    assert (j["completed"], j["failed"]) == (4, 0)
+    assert j["request_throughput"] == s.summary.request_throughput
+    assert j["output_throughput"] == s.summary.output_throughput
+    assert j["goodput"] == s.summary.goodput and j["slo_attainment"] == s.summary.slo_attainment
+    assert (j["ttft_p95"], j["tpot_p95"], j["e2e_p95"]) == (s.summary.ttft.p95, s.summary.tpot.p95, s.summary.e2e.p95)
+    assert j["send_lag_p99"] == s.summary.send_lag.p99
+    assert j["slos"] == [v.to_json() for v in s.verdicts]
+    assert [v["slo"] for v in j["slos"]] == ["p50:ttft<100ms", "rps>1req/s"]
+
+
+# --- Outcome: capacity ---
+
+def test_capacity_is_the_highest_passing_load_not_the_last_step():
+    ok = [done(i, i * 0.1) for i in range(3)]
+    slow = [done(i, i * 0.1, ttft=5.0) for i in range(3)]
+    out = Outcome("u", steps=[step_of(1, ok), step_of(2, ok), step_of(4, slow), step_of(2.8, ok), step_of(3.4, slow)])
+    assert out.capacity is out.steps[3]
+    assert out.capacity_rps == 4.0 * 2.8
+    assert out.judged_step() is out.steps[3]
+    assert out.last is out.steps[-1] and not out.slos_hold  # a single-load verdict reads the last step
+
+
+def test_without_capacity_the_lowest_load_is_judged():
+    slow = [done(i, i * 0.1, ttft=5.0) for i in range(3)]
+    out = Outcome("u", steps=[step_of(1, slow), step_of(0.5, slow), step_of(0.7, slow)])
+    assert out.capacity is None and out.capacity_rps == 0.0
+    assert out.judged_step() is out.steps[1]
+    assert Outcome("u").judged_step() is None and Outcome("u").last is None and not Outcome("u").slos_hold
+
+
+def test_a_session_whose_engine_failed_does_not_hold_its_slos():
+    from autotune.engine.failures import Failure, FailureClass
+
+    out = Outcome("u", steps=[step_of(1, [done(0, 0.0), done(1, 0.1)])])
+    assert out.slos_hold
+    out.failure = Failure(FailureClass.CRASHED, "died")
+    assert not out.slos_hold
+
+
+def test_engine_start_time_is_to_ready_or_to_the_failure():
+    assert Outcome("u", engine_ready_s=12.5).engine_start_s == 12.5
+    assert Outcome("u", engine_failed_after_s=3.0).engine_start_s == 3.0
+    assert Outcome("u").engine_start_s == 0.0
+    out = Outcome("u", steps=[step_of(1, [done(0, 0.0)]), step_of(2, [done(0, 0.0)])])
+    out.steps[1].replay_s = 2.5
+    assert out.replay_s == 3.5
+
+
+# --- the step loop: what each step is given and when it stops ---
+
+def fake_replay(results, model="m", wall_s=0.4, warmup_s=0.1):
+    from autotune.measure.replay import Replay
+
+    return Replay(model, 0.0, results, wall_s, warmup_s)
+
+
+class Recorder:
+    """A replay_at for the step loop: answers recorded results and remembers what it was asked."""
+
+    def __init__(self, results_at, failure_at=None, pause_s=0.02):
+        self.results_at, self.failure_at, self.pause_s = results_at, failure_at or {}, pause_s
+        self.calls = []
+
+    def __call__(self, workload, options):
+        import time
+
+        self.calls.append((workload.rate, options))
+        time.sleep(self.pause_s)
+        n = len(self.calls)
+        results = self.results_at(n)
+        return (None if results is None else fake_replay(results)), self.failure_at.get(n)
+
+
+def arrivals(rate, n=5):
+    return Workload(tuple(Request(i / rate, 4, prompt="x") for i in range(n)))
+
+
+def run_steps(replay_at, profile, slos=("ttft<1s",), on_step=lambda _: False, options=ReplayOptions(warmup_requests=4)):
+    from autotune.measure.session import _run_steps
+
+    out, phases = Outcome("u"), []
+    _run_steps(out, replay_at, lambda load: arrivals(4.0 * load), parse_slos(list(slos)), profile, options,
+               phases.append, on_step)
+    return out, phases
+
+
+def test_the_loop_climbs_the_ladder_and_warms_up_once():
+    ok = [done(i, i * 0.1) for i in range(5)]
+    rec = Recorder(lambda n: ok)
+    out, phases = run_steps(rec, Ladder(1.0, 3, 1.25))
+    assert [s.load for s in out.steps] == [1.0, 2.0, 4.0]
+    assert phases == ["load step 1: 4.00 req/s", "load step 2: 8.00 req/s", "load step 3: 16.00 req/s"]
+    warmups = [o.warmup_requests for _, o in rec.calls]
+    assert warmups == [4, 0, 0]  # one warm-up per engine, not per step
+    assert all(o.request_timeout_s == ReplayOptions().request_timeout_s for _, o in rec.calls)
+    first = out.steps[0]
+    assert first.model == "m" and first.warmup_s == 0.1 and first.measured_s == 0.4 and first.results == ok
+    assert first.rate == pytest.approx(4.0)
+    assert all(rec.pause_s <= s.replay_s < 5.0 for s in out.steps)  # each step's own wall time
+    assert out.failure is None and not out.stopped_early and out.capacity is out.steps[-1]
+
+
+def test_the_loop_judges_each_step_on_the_slos():
+    mixed = [done(0, 0.0, ttft=0.1), done(1, 0.1, ttft=0.1), done(2, 0.2, ttft=3.0)]
+    out, _ = run_steps(Recorder(lambda n: mixed), FixedLoad(), ("p50:ttft<1s",))
+    (s,) = out.steps
+    assert s.passed and [v.slo.text for v in s.verdicts] == ["p50:ttft<1s"]
+    assert s.summary.slo_attainment == pytest.approx(2 / 3)  # the summary knows the SLOs: goodput per request
+    assert s.summary.goodput == pytest.approx(2 / s.summary.duration_s)
+
+
+def test_an_engine_failure_ends_the_loop_and_keeps_what_was_measured():
+    from autotune.engine.failures import Failure, FailureClass
+
+    died = Failure(FailureClass.CRASHED, "engine died under load")
+    ok = [done(i, i * 0.1) for i in range(5)]
+    out, _ = run_steps(Recorder(lambda n: ok, {2: died}), Ladder(1.0, 4, 1.25))
+    assert out.failure is died and [s.load for s in out.steps] == [1.0, 2.0]
+    out, _ = run_steps(Recorder(lambda n: None if n == 2 else ok, {2: died}), Ladder(1.0, 4, 1.25))
+    assert out.failure is died and [s.load for s in out.steps] == [1.0]  # nothing measured at load 2
+
+
+def test_on_step_sees_the_outcome_and_can_stop_it():
+    ok = [done(i, i * 0.1) for i in range(5)]
+    seen = []
+
+    def on_step(out):
+        seen.append(len(out.steps))
+        return len(out.steps) == 2
+
+    out, _ = run_steps(Recorder(lambda n: ok), Ladder(1.0, 4, 1.25), on_step=on_step)
+    assert seen == [1, 2] and len(out.steps) == 2 and out.stopped_early
+
+
+# --- over HTTP: measure_url and replay_on ---
+
+def test_measure_url_records_where_when_and_every_result(server):
+    import time
+
+    seen = []
+    t0 = time.time()
+    w = Workload(tuple(Request(i * 0.01, 3, prompt="ok") for i in range(4)))
+    out = measure_url(server, lambda load: w.scaled(load), parse_slos(["ttft<5s"]),
+                      ReplayOptions(warmup_requests=0), Ladder(1.0, 2, 1.25), on_result=seen.append)
+    assert out.url == server and t0 <= out.started_at <= time.time()
+    assert len(out.steps) == 2 and out.steps[0].load == 1.0  # nothing stops the ladder early, pass or miss
+    assert len(seen) == 8 and all(r.success for r in seen)
+    assert out.replay_s <= out.wall_s < 30.0
+    assert out.argv == [] and out.failure is None and not out.stopped_early
+
+
+def test_outcome_json_is_the_last_steps_result(server):
+    import autotune
+
+    w = Workload(tuple(Request(i * 0.01, 3, prompt="ok") for i in range(4)))
+    out = measure_url(server, lambda load: w, parse_slos(["ttft<5s"]), ReplayOptions(warmup_requests=1))
+    j = out.to_json()
+    last = out.last
+    assert j["autotune_version"] == autotune.__version__
+    assert (j["url"], j["argv"], j["env"], j["started_at"]) == (server, [], {}, out.started_at)
+    assert j["failure"] is None and j["failure_class"] is None
+    assert j["engine_start_s"] is None and j["engine_stop_s"] is None  # not our engine
+    assert (j["model"], j["replay_s"], j["warmup_s"]) == ("fixed-timing", last.measured_s, last.warmup_s)
+    assert j["metrics"] == last.summary.to_json() and j["metrics"]["completed"] == 4
+    assert j["slos"] == [v.to_json() for v in last.verdicts] and j["slos_hold"] is True
+    assert out.requests_json() == [r.to_json() for r in last.results]
+
+
+def test_outcome_json_of_an_engine_that_failed_to_start():
+    from autotune.engine.failures import Failure, FailureClass
+
+    f = Failure(FailureClass.OOM, "CUDA out of memory", "...\nCUDA out of memory", 1)
+    out = Outcome("http://127.0.0.1:1", argv=["vllm", "serve", "m"], env={"A": "1"}, failure=f,
+                  engine_failed_after_s=2.0, engine_stop_s=0.3)
+    j = out.to_json()
+    assert j["failure"] == f.to_json() and j["failure_class"] == "oom"
+    assert j["engine_start_s"] is None and j["engine_stop_s"] == 0.3
+    assert (j["argv"], j["env"]) == (["vllm", "serve", "m"], {"A": "1"})
+    assert j["model"] is None and j["replay_s"] is None and j["warmup_s"] is None and j["metrics"] is None
+    assert j["slos"] == [] and j["slos_hold"] is False
+    assert Outcome("u", argv=["x"], engine_ready_s=4.0).to_json()["engine_start_s"] == 4.0
+
+
+class StandInEngine:
+    """What replay_on needs of an engine: its URL and whether it has died (the launcher's check())."""
+
+    def __init__(self, url, failure=None):
+        self.url, self.failure = url, failure
+
+    def check(self):
+        return self.failure
+
+
+def test_replay_on_a_live_engine(server):
+    from autotune.measure.session import replay_on
+
+    seen = []
+    w = Workload(tuple(Request(i * 0.01, 3, prompt="ok") for i in range(3)))
+    replay, failure = replay_on(StandInEngine(server), w, ReplayOptions(warmup_requests=0), seen.append)
+    assert failure is None and len(replay.results) == 3 and len(seen) == 3
+
+
+def test_replay_on_an_engine_that_died():
+    from autotune.engine.failures import Failure, FailureClass
+    from autotune.errors import MeasurementError
+    from autotune.measure.session import replay_on
+    from tests.conftest import free_port
+
+    w = Workload((Request(0.0, 3, prompt="ok"),))
+    gone = f"http://127.0.0.1:{free_port()}"
+    died = Failure(FailureClass.CRASHED, "exited with 1")
+    # nothing could be measured and the engine is dead: the death is the result
+    assert replay_on(StandInEngine(gone, died), w, ReplayOptions(warmup_requests=0)) == (None, died)
+    # nothing could be measured and the engine lives: a measurement problem
+    with pytest.raises(MeasurementError):
+        replay_on(StandInEngine(gone), w, ReplayOptions(warmup_requests=0))
+
+
+def test_replay_on_an_engine_that_died_under_load(server):
+    from autotune.engine.failures import Failure, FailureClass
+    from autotune.measure.session import replay_on
+
+    died = Failure(FailureClass.CRASHED, "exited with 1")
+    replay, failure = replay_on(StandInEngine(server, died), Workload((Request(0.0, 3, prompt="ok"),)),
+                                ReplayOptions(warmup_requests=0))
+    assert failure is died and replay is not None and replay.results[0].success
+
+
+# --- the re-measurement's verdict ---
+
+def cand(label, caps, n=0):
+    from autotune.engine.args import EngineArgs
+    from autotune.study.records import Candidate
+
+    return Candidate(label, n, EngineArgs({}, {}), capacities=list(caps))
+
+
+def test_a_gain_exactly_the_spread_is_not_significant():
+    from autotune.study.records import judge
+
+    v = judge([cand("trial 2", [13.0, 12.0, 14.0], 2), cand("baseline", [11.0, 11.5, 10.0])])
+    assert (v.gain_rps, v.noise_rps) == (2.0, 2.0) and not v.significant  # as large as the noise: could be luck
+    v = judge([cand("trial 2", [13.0, 12.0, 14.0], 2), cand("baseline", [10.5, 11.0, 10.0])])
+    assert v.gain_rps == 2.5 and v.noise_rps == 2.0 and v.significant
+
+
+def test_the_noise_is_the_wider_spread_of_winner_and_baseline():
+    from autotune.study.records import judge
+
+    v = judge([cand("trial 1", [20.0, 20.0], 1), cand("trial 2", [30.0, 21.0, 24.0], 2),
+               cand("baseline", [10.0, 11.0])])
+    assert (v.winner, v.winner_trial, v.baseline) == ("trial 2", 2, "baseline")
+    assert v.gain_rps == 24.0 - 10.5 and v.noise_rps == 9.0 and v.significant
+    v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [4.0, 10.0, 12.0])], trials_seen=7)
+    assert v.noise_rps == 8.0 and v.gain_rps == 5.25 and not v.significant and v.trials_seen == 7
+
+
+def test_the_verdict_lists_every_candidate():
+    from autotune.study.records import Remeasurement, judge
+
+    cs = [cand("trial 1", [15.0, 14.0], 1), cand("baseline", [10.0, 10.5], 0)]
+    cs[0].runs = [[{"load": 1.0}], [{"load": 2.0}]]
+    v = judge(cs)
+    assert v.candidates == [
+        {"label": "trial 1", "trial": 1, "capacities": [15.0, 14.0], "median": 14.5, "spread": 1.0,
+         "runs": [[{"load": 1.0}], [{"load": 2.0}]]},
+        {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "median": 10.25, "spread": 0.5, "runs": []}]
+    assert v.candidate(1)["median"] == 14.5 and v.candidate(99) is None
+    assert Remeasurement.from_json(v.to_json()) == v
+    assert v.trials_seen == 0  # not told how many trials it saw: stale as soon as the study has one
+
+
+def test_a_candidate_never_measured_has_no_capacity():
+    c = cand("trial 3", [])
+    assert c.median == 0.0 and c.spread == 0.0
+    assert cand("t", [3.0, 9.0, 4.0]).median == 4.0 and cand("t", [3.0, 9.0, 4.0]).spread == 6.0
+
+
+# --- what the SLO grammar tells a user who got it wrong ---
+
+@pytest.mark.parametrize("text,hint", [
+    ("p99:ttft", "quote it: --slo 'ttft<800ms' (unquoted, the shell reads < as a redirection and drops the rest)"),
+    ("ttft<<1s", "e.g. --slo 'ttft<800ms', --slo 'p99:tpot<50ms', --slo 'throughput>2000tok/s'"),
+])
+def test_slo_errors_end_with_a_line_to_copy(text, hint):
+    from autotune.errors import SLOSyntaxError
+    from autotune.measure.slo import parse_slo
+
+    with pytest.raises(SLOSyntaxError) as e:
+        parse_slo(text)
+    assert str(e.value).endswith(hint)
+
+
+def test_a_request_record_carries_its_tpot():
+    r = done(0, 0.0, ttft=0.1, itl=(0.02, 0.04))
+    j = r.to_json()
+    assert j["tpot"] == r.tpot == pytest.approx(0.03)
+    assert set(j) == {"index", "scheduled_s", "sent_s", "success", "error", "ttft", "itl", "e2e", "prompt_tokens",
+                      "output_tokens", "expected_output_tokens", "elapsed", "tpot"}
