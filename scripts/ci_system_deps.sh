@@ -6,6 +6,8 @@
 #   nodejs       node (tests/test_systemd.py evaluates the polkit rule, which is JavaScript)
 #   chromium     headless Chromium (tests/test_screenshots.py renders the report and optuna-dashboard;
 #                scripts/screenshots.py makes docs/*.png)
+#   nginx        the reverse proxy of blue/green publishing (tests/test_bluegreen.py runs
+#                systemd/nginx-autotune.conf in a real nginx; Debian puts it in /usr/sbin)
 #   fonts-dejavu-core  the font the screenshots are drawn in (fontconfig usually brings it; checked so that
 #                every host draws the same text)
 #
@@ -37,6 +39,7 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 have_postgres || missing+=(postgresql)
 command -v node >/dev/null || missing+=(nodejs)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -244,11 +244,13 @@ def rule_code() -> str:
     return "\n".join(line.split("//", 1)[0] for line in POLKIT_RULE.read_text().splitlines())
 
 
-def test_polkit_rule_names_only_vllm_units():
+def test_polkit_rule_names_only_vllm_units_and_nginx_reload():
     code = rule_code()
     assert re.findall(r"[\w.-]+@", code) == ["vllm@"]  # the one unit pattern
-    assert re.findall(r"\.(?:service|socket|timer|target|mount|path|slice|scope)\b", code) == [r".service"]
-    assert re.findall(r'"([a-z]+)"', code) == ["autotune", "unit", "verb", "start", "stop", "restart"]
+    assert re.findall(r"\.(?:service|socket|timer|target|mount|path|slice|scope)\b", code) == [r".service",
+                                                                                               ".service"]
+    assert re.findall(r'"([a-z.]+)"', code) == ["autotune", "unit", "verb", "start", "stop", "restart",
+                                                "nginx.service", "reload"]
     assert 'id === "org.freedesktop.systemd1.manage-units"' in code
     # polkit runs ECMAScript 5 (duktape, or mozjs in old versions): no ES6 syntax.
     assert not re.search(r"=>|`|\blet\b|\bconst\b", code)
@@ -272,6 +274,15 @@ RULE_CASES = [
     (None, None, "autotune", "org.freedesktop.systemd1.manage-unit-files", "no"),
     (None, None, "autotune", "org.freedesktop.systemd1.reload-daemon", "no"),
     (None, None, "autotune", "org.freedesktop.login1.reboot", None),  # not systemd1: defaults apply
+    ("nginx.service", "reload", "autotune", None, "yes"),  # the blue/green switch
+    ("nginx.service", "restart", "autotune", None, "no"),
+    ("nginx.service", "stop", "autotune", None, "no"),
+    ("nginx.service", "start", "autotune", None, "no"),
+    ("nginx.socket", "reload", "autotune", None, "no"),
+    ("xnginx.service", "reload", "autotune", None, "no"),
+    ("nginx.service", "reload", "alice", None, None),
+    ("vllm@blue.service", "restart", "autotune", None, "yes"),
+    ("vllm@green.service", "stop", "autotune", None, "yes"),
     ("vllm@production.service", "restart", "vllm", None, None),
     ("vllm@production.service", "restart", "alice", None, None),
     ("vllm@production.service", "restart", "root", None, None),
@@ -321,3 +332,24 @@ def test_polkit_rule_evaluated(tmp_path):
     got = {case[:4]: answer for case, answer in zip(RULE_CASES, result["answers"], strict=True)}
     expected = {case[:4]: case[4] for case in RULE_CASES}
     assert got == expected
+
+
+# --- nginx: the blue/green proxy's reload drop-in ------------------------------------------------
+
+
+def test_nginx_reload_drop_in_verifies_and_tests_before_it_reloads(analyze, tmp_path):
+    """systemd/nginx-reload-tested.conf on Debian's own nginx.service (installed with nginx): verify reports
+    nothing, and `systemctl reload nginx` then runs `nginx -t` before the reload."""
+    shipped = Path("/lib/systemd/system/nginx.service")
+    if not shipped.is_file():
+        pytest.fail("nginx is not installed: run scripts/ci_system_deps.sh (it installs nginx)")
+    (tmp_path / "nginx.service").write_text(shipped.read_text())
+    drop_ins = tmp_path / "nginx.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "autotune-reload-tested.conf").write_text((UNITS / "nginx-reload-tested.conf").read_text())
+    r = subprocess.run([analyze, "verify", "--man=no", str(tmp_path / "nginx.service")],
+                       capture_output=True, text=True, timeout=120)
+    complaints = [x for x in (r.stdout + r.stderr).splitlines() if "nginx" in x or "autotune" in x]
+    assert r.returncode == 0 and not complaints, r.stdout + r.stderr
+    reloads = values(drop_ins / "autotune-reload-tested.conf", "ExecReload")
+    assert reloads[0] == "" and " -t " in reloads[1] and reloads[2].endswith("-s reload")

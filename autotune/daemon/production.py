@@ -6,17 +6,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
+
 from autotune.daemon.config import DaemonConfig
 from autotune.daemon.fingerprint import Fingerprint, workload_from
-from autotune.errors import AutotuneError
+from autotune.daemon.prometheus import scrape
+from autotune.daemon.window import Window
+from autotune.errors import AutotuneError, PublishError
 from autotune.locations import state_dir
 from autotune.measure.replay import ReplayOptions
+from autotune.measure.slo import SLO
 from autotune.publish.canary import replay_canary
 from autotune.publish.target import Target, create_target
-from autotune.publish.transaction import Canary
+from autotune.publish.transaction import Canary, CanaryResult
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 
-__all__ = ["build_target", "production_canary", "daemon_root", "find_daemon_root", "has_state", "SYSTEMD_STATE_DIR"]
+__all__ = ["build_target", "production_canary", "production_verifier", "switch_verifier", "daemon_root", "find_daemon_root", "has_state", "SYSTEMD_STATE_DIR"]
 
 SYSTEMD_STATE_DIR = Path("/var/lib/autotune")  # systemd/autotune.service: StateDirectory=autotune
 
@@ -61,6 +66,13 @@ def build_target(cfg: DaemonConfig) -> Target:
     return create_target(p.kind, p.url, p.settings, f"{cfg.source.name if cfg.source else 'daemon'} [production]")
 
 
+def switch_verifier(cfg: DaemonConfig, target: Target) -> Canary | None:
+    """How a blue/green switch is verified (its [production].verify_window of users' traffic); None for
+    targets that publish in place (their canary is the verification)."""
+    window = getattr(target, "verify_window_s", None)
+    return None if window is None else production_verifier(cfg.slos, window)
+
+
 def production_canary(cfg: DaemonConfig, target: Target, fingerprint: Fingerprint | None,
                       tokenizer: str | Path) -> Canary:
     """A short replay shaped like production's traffic (its last fingerprint), judged by its SLOs."""
@@ -71,3 +83,26 @@ def production_canary(cfg: DaemonConfig, target: Target, fingerprint: Fingerprin
                       api=client.api)
     w = materialize(w, PromptBuilder(load_tokenizer(tokenizer)), seed=1)
     return replay_canary(w, cfg.slos, ReplayOptions(warmup_requests=0, api_key=client.api_key, model=client.model))
+
+
+def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5) -> Canary:
+    """After a blue/green switch: users' own requests on the new color, read from its /metrics over
+    ``window_s``, judged by the SLOs. Too few requests to judge (a quiet hour) pass with that said:
+    the canary already judged the config before the switch."""
+    def run(url: str) -> CanaryResult:
+        try:
+            first = scrape(url)
+            time.sleep(window_s)
+            last = scrape(url)
+        except (httpx.HTTPError, ValueError) as e:
+            raise PublishError(f"cannot read {url}/metrics after the switch: {type(e).__name__}: {e}") from e
+        w = Window.between(first, last)
+        judged = [e for e in w.slo_compliance(slos) if e.slo.is_latency]
+        summary = {"requests": w.requests, "window_s": round(w.dt, 1),
+                   "slos": [{"slo": str(e.slo), "measured": e.value, "holds": e.holds} for e in judged]}
+        if w.requests < min_requests:
+            summary["note"] = f"{w.requests} requests in {w.dt:.0f} s: too few to judge; the canary's verdict stands"
+            summary["slos"] = [dict(v, holds=None) for v in summary["slos"]]
+            return CanaryResult(True, summary)
+        return CanaryResult(all(e.holds is not False for e in judged), summary)
+    return run

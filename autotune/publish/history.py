@@ -7,7 +7,8 @@ it leaves a ``pending`` entry, which the next start resolves (verify again or ro
 Outcomes:
     adopted      the config found in production when autotune first looked (the first good one)
     proposed     a study's winner waiting for ``autotune publish --approve``
-    pending      being published: written, restarting or under the canary
+    pending      being published: written, restarting or under the canary (blue/green: ``switch``
+                 names the step, see transaction.py)
     published    verified: health and canary passed
     rolled-back  failed (reason), production restored to the entry named in ``restored``
     rejected     a proposal a person declined, or one made stale by a newer one
@@ -39,6 +40,8 @@ class Entry:
     reason: str = ""
     restored: int | None = None  # after a rollback: the entry production went back to
     canary: dict[str, Any] | None = None  # the canary's summary and verdicts
+    # a blue/green publish: {"from": color, "to": color, "step": ...}, the step written before it starts
+    switch: dict[str, Any] | None = None
 
     @property
     def good(self) -> bool:

@@ -58,6 +58,7 @@ class TargetFactory(Protocol):
 _REGISTRY: dict[str, str | type[TargetFactory]] = {
     "vllm-config": "autotune.publish.vllm_config:VllmConfigTarget",
     "xinference": "autotune.publish.xinference:XinferenceTarget",
+    "blue-green": "autotune.publish.bluegreen:BlueGreenTarget",
 }
 
 

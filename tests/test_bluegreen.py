@@ -1,0 +1,278 @@
+"""Blue/green publishing behind a real nginx, under steady streaming traffic from the replay client.
+
+Production: nginx (the shipped systemd/nginx-autotune.conf) in front of two vllm-sim instances, each
+(re)started and stopped by tests/fixtures/sim_service.py, the stand-in for systemctl. Users' traffic is
+`autotune replay` against nginx, in its own process, for the whole publish; nginx's access log says
+which color served each request. (tests/bluegreen_rig.py builds it.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autotune.daemon.production import production_verifier
+from autotune.errors import ConfigError, PublishError
+from autotune.measure.replay import ReplayOptions
+from autotune.measure.slo import parse_slos
+from autotune.publish.canary import replay_canary
+from autotune.publish.history import History
+from autotune.publish.target import create_target
+from autotune.publish.transaction import publish, recover
+from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
+from autotune.workload.synth import SCENARIOS, synthesize
+from tests.bluegreen_rig import Nginx, color_serving, make_target, rig_description
+from tests.conftest import free_port
+
+GOOD = {"max_model_len": 8192, "max_num_seqs": 64, "gpu_memory_utilization": 0.9}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def rig(tmp_path, tiny_model):
+    """Blue serving production behind nginx, green stopped: the state between publishes."""
+    ports = {"blue": free_port(), "green": free_port()}
+    nginx = Nginx(tmp_path / "nginx", free_port(), tmp_path / "nginx" / "vllm-upstream.conf")
+    desc = {**rig_description(tmp_path, nginx, ports), "tokenizer": str(tiny_model)}
+    (tmp_path / "rig.json").write_text(json.dumps(desc))
+    target = make_target(desc)
+    target.colors["blue"].server.deploy({**GOOD, "tokenizer": str(tiny_model)})
+    nginx.upstream_file.parent.mkdir(parents=True, exist_ok=True)
+    nginx.upstream_file.write_text(f"server {target.colors['blue'].backend};\n")
+    nginx.start()
+    try:
+        yield target, nginx, desc
+    finally:
+        nginx.stop()
+        for c in target.colors.values():
+            target.stop_quietly(c)
+
+
+def canary_for(tiny_model, slos=("ttft<2s",), requests=8, rate=4.0):
+    w = synthesize(SCENARIOS["high-concurrency"].with_overrides(output_tokens=(8, 16)), rate=rate,
+                   num_requests=requests, seed=1)
+    w = materialize(w, PromptBuilder(load_tokenizer(tiny_model)), seed=1)
+    return replay_canary(w, parse_slos(list(slos)), ReplayOptions(warmup_requests=0))
+
+
+class Traffic:
+    """Users: `autotune replay` streaming through nginx at a steady rate, in a process of its own."""
+
+    def __init__(self, url: str, tiny_model: Path, out: Path, seconds: float, rate: float = 4.0) -> None:
+        self.out = out
+        n = int(seconds * rate)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "replay", "--url", url, "--scenario", "high-concurrency",
+             "--rate", str(rate), "--burstiness", "100", "--requests", str(n), "--output-tokens", "8-24",
+             "--tokenizer", str(tiny_model), "--warmup", "0", "--json", str(out / "traffic.json"),
+             "--requests-json", str(out / "requests.jsonl")],
+            stdout=subprocess.DEVNULL, stderr=open(out / "traffic.log", "w"), start_new_session=True)
+        self.requests = n
+
+    def result(self, timeout: float = 180.0) -> dict:
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        assert rc == 0, (self.out / "traffic.log").read_text()[-2000:]
+        lines = [json.loads(x) for x in (self.out / "requests.jsonl").read_text().splitlines() if x.strip()]
+        return {"summary": json.loads((self.out / "traffic.json").read_text()), "requests": lines}
+
+
+def failed(traffic: dict) -> list[dict]:
+    """Requests that failed or were cut off (fewer tokens than asked for: ignore_eos makes them all come)."""
+    return [r for r in traffic["requests"] if not r["success"] or r["error"]
+            or r["output_tokens"] != r["expected_output_tokens"]]
+
+
+def served_by(nginx: Nginx) -> list[tuple[float, int, str]]:
+    return [(t, status, upstream) for t, status, upstream, uri in nginx.access_log() if "/v1/" in uri and
+            "completions" in uri]
+
+
+# --- the proxy alone ---------------------------------------------------------------------------------
+
+
+def test_the_proxy_switches_and_says_which_backend_served(rig):
+    target, nginx, _ = rig
+    blue, green = target.colors["blue"], target.colors["green"]
+    assert target.live() is blue
+    r = httpx.get(f"{nginx.url}/health")
+    assert r.status_code == 200 and r.headers["X-Autotune-Upstream"] == blue.backend
+    target.stage(green, {**GOOD, "tokenizer": target.colors["blue"].server.deployed()["tokenizer"]})
+    target.switch(green)
+    assert target.live() is green and httpx.get(f"{nginx.url}/health").headers["X-Autotune-Upstream"] == green.backend
+
+
+def test_a_proxy_config_that_nginx_rejects_changes_nothing(rig):
+    target, nginx, _ = rig
+    before = nginx.upstream_file.read_text()
+    (nginx.prefix / "autotune-vllm.conf").write_text("this is not nginx syntax\n")
+    with pytest.raises(PublishError, match=r"proxy test command .* exited 1") as e:
+        target.switch(target.colors["green"])
+    assert "\n" not in str(e.value)
+    assert nginx.upstream_file.read_text() == before  # the file still names what serves
+    assert httpx.get(f"{nginx.url}/health").headers["X-Autotune-Upstream"] == target.colors["blue"].backend
+
+
+def test_a_proxy_that_is_down_is_one_line(rig):
+    target, nginx, _ = rig
+    nginx.stop()
+    with pytest.raises(PublishError, match=r"proxy reload command .* exited") as e:
+        target.switch(target.colors["green"])
+    assert "\n" not in str(e.value) and target.live() is target.colors["blue"]
+
+
+def test_settings_are_checked_with_one_line_each():
+    table = {"model": "m", "blue": {"config": "/b.yaml", "url": "http://127.0.0.1:8001", "start": ["x"],
+                                    "stop": ["y"]},
+             "green": {"config": "/g.yaml", "url": "http://127.0.0.1:8001", "start": ["x"], "stop": ["y"]},
+             "proxy": {"upstream_file": "/u.conf"}}
+    with pytest.raises(ConfigError, match="same address 127.0.0.1:8001"):
+        create_target("blue-green", "http://127.0.0.1:8000", table, "d.toml [production]")
+    table["green"]["url"] = "http://127.0.0.1:8002"
+    del table["proxy"]
+    with pytest.raises(ConfigError, match=r"\[production\] proxy is missing|proxy"):
+        create_target("blue-green", "http://127.0.0.1:8000", table, "d.toml [production]")
+    table["proxy"] = {"upstream_file": "/u.conf", "reload": []}
+    with pytest.raises(ConfigError, match="reload must be a non-empty argv"):
+        create_target("blue-green", "http://127.0.0.1:8000", table, "d.toml [production]")
+
+
+# --- publishing under traffic ----------------------------------------------------------------------
+
+
+def test_a_publish_switches_with_no_request_lost(rig, tmp_path, tiny_model):
+    target, nginx, _ = rig
+    blue, green = target.colors["blue"], target.colors["green"]
+    history = History(tmp_path / "history")
+    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=30)
+    time.sleep(4)  # users on blue first
+    t0 = time.time()
+    result = publish(target, {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 128}, history,
+                     canary_for(tiny_model), verify=production_verifier(parse_slos(["ttft<2s"]), 3.0, min_requests=3))
+    t_done = time.time()
+    seen = traffic.result()
+    assert result.ok, result.entry.reason
+    assert failed(seen) == [] and len(seen["requests"]) == traffic.requests  # nothing failed or cut off
+    assert target.live() is green and green.server.deployed()["max_num_seqs"] == 128
+    assert not color_serving(blue.url)  # the old color stopped once drained
+    assert result.entry.switch["step"] == "done" and result.entry.switch["verified"]["requests"] >= 3
+    log = served_by(nginx)
+    assert {s for _, s, _ in log} == {200}
+    before = [u for t, _, u in log if t < t0]
+    after = [u for t, _, u in log if t > t_done]
+    assert before and set(before) == {blue.backend}
+    assert after and set(after) == {green.backend}
+
+
+def test_a_canary_that_fails_before_the_switch_leaves_production_untouched(rig, tmp_path, tiny_model):
+    target, nginx, _ = rig
+    blue, green = target.colors["blue"], target.colors["green"]
+    history = History(tmp_path / "history")
+    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=15)
+    time.sleep(2)
+    # one sequence at a time: the canary's burst queues far past 300 ms
+    slow = {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 1, "max_num_batched_tokens": 8192}
+    result = publish(target, slow, history, canary_for(tiny_model, ("ttft<300ms",), requests=12, rate=50))
+    seen = traffic.result()
+    assert result.outcome == "rolled-back" and "canary missed" in result.entry.reason
+    assert "before the switch: production stayed on blue" in result.entry.reason
+    assert failed(seen) == [] and {u for _, _, u in served_by(nginx)} == {blue.backend}
+    assert target.live() is blue and blue.server.deployed()["max_num_seqs"] == 64
+    assert not color_serving(green.url)
+
+
+def test_a_color_that_never_gets_healthy_leaves_production_serving(rig, tmp_path, tiny_model):
+    target, nginx, _ = rig
+    history = History(tmp_path / "history")
+    # 8B weights in 70 % of an A10: no memory for the KV cache, vllm-sim exits at start-up like vLLM
+    bad = {**GOOD, "tokenizer": str(tiny_model), "gpu_memory_utilization": 0.7}
+    result = publish(target, bad, history, canary_for(tiny_model))
+    assert result.outcome == "rolled-back" and "green did not come up" in result.entry.reason
+    assert "\n" not in result.entry.reason
+    assert target.live() is target.colors["blue"] and httpx.get(f"{nginx.url}/health").status_code == 200
+
+
+def test_a_verification_that_fails_after_the_switch_switches_back(rig, tmp_path, tiny_model):
+    target, nginx, _ = rig
+    blue, green = target.colors["blue"], target.colors["green"]
+    history = History(tmp_path / "history")
+    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=25, rate=6.0)
+    time.sleep(3)
+    # one sequence at a time passes a quiet canary (a few requests, one after another) but not users'
+    # steady 6 requests/s, which queue on it
+    slow = {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 1, "max_num_batched_tokens": 8192}
+    t0 = time.time()
+    result = publish(target, slow, history, canary_for(tiny_model, ("p90:ttft<1s",), requests=3, rate=0.5),
+                     verify=production_verifier(parse_slos(["p90:ttft<1s"]), 5.0, min_requests=3))
+    t_back = time.time()
+    seen = traffic.result()
+    assert result.outcome == "rolled-back" and "after the switch" in result.entry.reason, result.entry.reason
+    assert result.entry.switch["step"] == "switched back"
+    assert target.live() is blue and not color_serving(green.url)
+    assert failed(seen) == []  # the round trip cut nothing off: green drained before it stopped
+    log = served_by(nginx)
+    assert green.backend in {u for t, _, u in log if t0 < t < t_back}  # users really were on green
+    assert {u for t, _, u in log if t > t_back} <= {blue.backend}
+
+
+# --- a publisher killed at every step ----------------------------------------------------------------
+
+
+STEPS = ["starting", "canary", "switching", "verifying", "retiring"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_publisher_killed_at_a_step_resumes_to_one_color_serving(rig, tmp_path, tiny_model, step):
+    target, nginx, desc = rig
+    desc = {**desc, "verify_window": 4.0, "min_requests": 1}
+    (tmp_path / "rig.json").write_text(json.dumps(desc))
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps({**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 96}))
+    history = tmp_path / "history"
+    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=25)
+    argv = [sys.executable, "-m", "tests.bluegreen_rig", "publish", str(tmp_path / "rig.json"), str(history),
+            str(values), "ttft<2s"]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            entries = History(history).entries()
+            sw = entries[-1].switch if entries else None
+            if sw and sw.get("step") == step:
+                break
+            assert p.poll() is None, p.stdout.read().decode()[-2000:]
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"never reached step {step}")
+        os.kill(p.pid, signal.SIGKILL)  # the publisher only: what it started (colors, nginx) lives on
+    finally:
+        p.wait(10)
+    r = subprocess.run([*argv[:3], "recover", *argv[4:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = traffic.result()
+    entry = History(history).entries()[-1]
+    assert entry.outcome in ("published", "rolled-back"), entry
+    live = target.live()
+    other = target.other(live)
+    assert color_serving(live.url) and not color_serving(other.url)  # one color serving, the other stopped
+    assert httpx.get(f"{nginx.url}/health").headers["X-Autotune-Upstream"] == live.backend
+    good = History(history).last_good()
+    assert live.server.deployed()["max_num_seqs"] == good.values["max_num_seqs"]  # the history says which
+    if step in ("starting", "canary"):
+        assert entry.outcome == "rolled-back" and live.name == "blue"
+    else:
+        assert entry.outcome == "published" and live.name == "green"
+    assert failed(seen) == []
