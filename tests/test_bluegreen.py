@@ -276,3 +276,41 @@ def test_a_publisher_killed_at_a_step_resumes_to_one_color_serving(rig, tmp_path
     else:
         assert entry.outcome == "published" and live.name == "green"
     assert failed(seen) == []
+
+
+# --- the daemon's view -------------------------------------------------------------------------------
+
+
+def test_daemon_check_on_a_blue_green_production(rig, tmp_path):
+    """`autotune daemon --check` reads a blue-green [production]: every command, the proxy, the live color."""
+    import tomli_w
+
+    target, nginx, desc = rig
+    production = {"url": nginx.url, "kind": "blue-green", "model": "llama-3.1-8b", "verify_window": "1m",
+                  "proxy": {"kind": "nginx", "upstream_file": desc["upstream_file"], "test": desc["test"],
+                            "reload": desc["reload"]}}
+    for name in ("blue", "green"):
+        c = target.colors[name]
+        production[name] = {"config": str(c.server.config_path), "url": c.url, "start": list(c.server.restart),
+                            "stop": list(c.stop_argv)}
+    data = {"slos": ["ttft<1s"], "state_dir": str(tmp_path / "state"), "production": production,
+            "staging": {"study": str(ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""}}
+    config = tmp_path / "d.toml"
+    config.write_text(tomli_w.dumps(data))
+
+    def check():
+        return subprocess.run([sys.executable, "-m", "autotune", "daemon", "--check", "--config", str(config)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    r = check()
+    assert r.returncode == 0 and "checks pass" in r.stdout, r.stdout + r.stderr
+    # the proxy still answers (nginx: 502) but the color its file names is down: one line says which
+    target.stop_quietly(target.colors["blue"])
+    r = check()
+    assert r.returncode == 1
+    lines = [x for x in r.stderr.splitlines() if "production answers" in x]
+    assert len(lines) == 1 and "502" in lines[0], r.stderr
+    production["green"]["start"] = ["/no/such/systemctl", "restart", "vllm@green"]
+    config.write_text(tomli_w.dumps(data))
+    r = check()
+    assert "[production.green].start: '/no/such/systemctl' is not an executable" in r.stderr

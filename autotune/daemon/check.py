@@ -36,22 +36,44 @@ def _production_answers(cfg: DaemonConfig) -> str | None:
         return f"production does not answer at {url} ({type(e).__name__}): start it, or fix [production].url"
     if r.status_code != 200:
         return f"production answers {url} with HTTP {r.status_code}, not 200: is it healthy?"
-    return None
+    return _proxy(cfg)
 
 
 def _production_config(cfg: DaemonConfig) -> str | None:
     target = build_target(cfg)
     deployed = target.deployed()  # a YAML that does not parse is a ConfigError naming the file
     if deployed is None:
-        return (f"there is no production config to start from ({cfg.production.settings.get('config', 'the target')}): "
+        where = cfg.production.settings.get("config") or getattr(getattr(target, "live", lambda: None)(), "name",
+                                                                   "the target")
+        return (f"there is no production config to start from ({where}): "
                 "write the one production runs now (the daemon compares every tuning with it)")
     return None
 
 
 def _restart_command(cfg: DaemonConfig) -> str | None:
     restart = cfg.production.settings.get("restart")
-    if isinstance(restart, list) and restart and not _runnable(restart[0]):
-        return f"[production].restart: {restart[0]!r} is not an executable on PATH or a path to one"
+    commands = [("[production].restart", restart)] if isinstance(restart, list) and restart else []
+    target = build_target(cfg)
+    commands += getattr(target, "commands", lambda: [])()  # blue/green: each color's start/stop, the proxy's
+    problems = [f"{key}: {argv[0]!r} is not an executable on PATH or a path to one"
+                for key, argv in commands if not _runnable(argv[0])]
+    return "; ".join(problems) or None
+
+
+def _proxy(cfg: DaemonConfig) -> str | None:
+    """Blue/green: the proxy answers, through the color its upstream file names, and that color serves."""
+    target = build_target(cfg)
+    live = getattr(target, "live", None)
+    if live is None:
+        return None
+    color = live()  # a file naming neither color is a PublishError saying what to write
+    try:
+        r = httpx.get(f"{color.url}/health", timeout=5.0, trust_env=False)
+        if r.status_code != 200:
+            return f"{color.name} ({color.url}), the color the proxy names, answers /health with {r.status_code}"
+    except httpx.HTTPError as e:
+        return (f"{color.name} ({color.url}), the color the proxy's upstream file names, does not answer "
+                f"({type(e).__name__}): start it, or point the file at the color that serves")
     return None
 
 

@@ -25,8 +25,17 @@ def production_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if STAGING_ONLY.get(k, object()) != v}
 
 
+def _entry(name: str, value: Any) -> tuple[str, Any]:
+    # vLLM's load_config_file turns `key: false` into --no-key only when the top-level parser owns that
+    # option, which for `vllm serve` it never does: the value is silently dropped and the default (often
+    # true: prefix caching) runs (vllm-project/vllm#51401; tests/test_production_vllm.py). `no-key: true`
+    # becomes --no-key, which the serve parser reads: the same argv EngineArgs.to_args gives.
+    flag = flag_of(name)[2:]
+    return (f"no-{flag}", True) if value is False else (flag, value)
+
+
 def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
-    config = {"model": model, **{flag_of(k)[2:]: v for k, v in production_values(values).items()}}
+    config = {"model": model, **dict(_entry(k, v) for k, v in production_values(values).items())}
     lines = [f"# {h}" for h in header]
     return ("\n".join(lines) + "\n" if lines else "") + yaml.safe_dump(config, sort_keys=False)
 
@@ -44,4 +53,11 @@ def parse(text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}a vLLM config file is a YAML mapping of option names to values")
     model = data.pop("model", None)
-    return model, {dest_of("--" + str(k)): v for k, v in data.items()}
+    values: dict[str, Any] = {}
+    for k, v in data.items():
+        key = str(k).replace("_", "-")
+        if key.startswith("no-") and v is True:
+            values[dest_of("--" + key[3:])] = False
+        else:
+            values[dest_of("--" + key)] = v
+    return model, values

@@ -1,0 +1,461 @@
+"""Production-facing paths against real vLLM (the CPU build, tiny model), not the simulator.
+
+One real ``vllm serve`` for the whole module, brought up the way a host without systemd runs
+production: the ``vllm-config`` publish target writes the YAML and runs scripts/restart_vllm.sh,
+which starts ``vllm serve --config FILE`` and blocks until it serves. On that server:
+
+- the YAML a publish writes (non-default values, a sampler's float written tidy) is accepted by
+  vLLM's own ``--config`` reader, and the server runs with those values (its /metrics
+  ``vllm:cache_config_info``, /v1/models, its "non-default args" log line, and what
+  ``max_num_seqs`` does to concurrent requests);
+- the daemon's watcher reads its real /metrics: request and token counts exact, TTFT and E2E
+  consistent with what the client measured;
+- ``autotune capture`` in front of it relays real SSE streams intact and records each request
+  with the server's token counts.
+
+And, without a server: the bundled vLLM flag table agrees with the installed vLLM's parser.
+
+Slow (one engine start, tens of seconds on CPU); marked ``engine`` and run in CI. Every cache the
+engine writes lives under pytest's temp dirs, and the server's process group is reaped in the
+module fixture's teardown whatever the tests did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotune.daemon.prometheus import scrape
+from autotune.daemon.watcher import Watcher
+from autotune.engine.flags import FlagTable
+from autotune.engine.leftovers import group_members
+from autotune.engine.vllm.flags import DUMP_CODE, bundled_table
+from autotune.measure.replay import ReplayOptions, run_replay
+from autotune.publish.target import create_target
+from autotune.workload.trace import Request, Workload
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+RESTART = ROOT / "scripts" / "restart_vllm.sh"
+
+# What a study's winner looks like when it reaches publish: every value differs from vLLM's CPU
+# defaults (128 seqs, 2048 batched tokens, prefix caching on, block size 128 on CPU, 0.92), and the
+# memory fraction is a float as a sampler's arithmetic leaves it.
+WINNER = {
+    "max_num_seqs": 3,
+    "max_num_batched_tokens": 768,
+    "block_size": 64,
+    "enable_prefix_caching": False,
+    "gpu_memory_utilization": 0.8600000000000001,
+    "max_model_len": 2048,
+    "enforce_eager": True,  # also non-default, and a faster start for the test
+}
+PROMPT = ("The licensor grants you a worldwide, royalty-free, non-exclusive license to reproduce the work, "
+          "prepare derivative works, and distribute copies in any medium, provided that you meet the conditions")
+
+
+def _stop_group(pgid: int, grace: float = 20.0) -> None:
+    """SIGTERM the server's session (its own process group), SIGKILL whatever is left after ``grace``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not [p for p in group_members(pgid) if p.status() != psutil.STATUS_ZOMBIE]:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def production(tmp_path_factory, tiny_model):
+    """Real vLLM published through the vllm-config target: (target, base URL, its log, the run dir).
+
+    The target's restart is scripts/restart_vllm.sh -- env ... vllm serve --host --port, so the
+    YAML carries only the model and the tuned values, as the daemon writes it."""
+    base = tmp_path_factory.mktemp("production")
+    caches = base / "cache"
+    run = base / "run"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    vllm = Path(sys.executable).parent / "vllm"
+    assert vllm.exists(), f"real vLLM is not installed beside {sys.executable}: run scripts/install_cpu.sh"
+    env = [f"VLLM_CACHE_ROOT={caches / 'vllm'}", f"VLLM_CONFIG_ROOT={caches / 'vllm-config'}",
+           f"XDG_CACHE_HOME={caches / 'xdg'}", f"HF_HOME={caches / 'hf'}",
+           f"TORCHINDUCTOR_CACHE_DIR={caches / 'inductor'}", "VLLM_NO_USAGE_STATS=1", "VLLM_CPU_KVCACHE_SPACE=1"]
+    config = base / "production.yaml"
+    settings = {
+        "config": str(config),
+        "model": str(tiny_model),
+        "health_timeout": "10m",
+        "restart": [str(RESTART), "--config", str(config), "--url", url, "--pidfile", str(run / "vllm.pid"),
+                    "--log", str(run / "vllm.log"), "--timeout", "600", "--grace", "10", "--",
+                    "env", *env, str(vllm), "serve", "--host", "127.0.0.1", "--port", str(port)],
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        # the target reads vLLM's flags (and may cache the parser's dump): not in the user's ~/.cache
+        mp.setenv("XDG_CACHE_HOME", str(caches / "autotune"))
+        target = create_target("vllm-config", url, settings)
+        try:
+            t0 = time.monotonic()
+            target.deploy(WINNER)  # writes the YAML, runs the script: returns once the server serves
+            started = time.monotonic() - t0
+            yield target, url, run / "vllm.log", started
+        finally:
+            pidfile = run / "vllm.pid"
+            if pidfile.exists():
+                pgid = int(pidfile.read_text())  # setsid: the server's pid is its session and group
+                _stop_group(pgid)
+                assert not [p for p in group_members(pgid) if p.status() != psutil.STATUS_ZOMBIE], \
+                    "the production vLLM outlived its fixture"
+
+
+def _non_default_args(log: Path) -> str:
+    """The server's "non-default args: {...}" start-up line: the args its parser produced, --config included."""
+    lines = [line for line in log.read_text().splitlines() if "non-default args:" in line]
+    assert lines, log.read_text()[-3000:]
+    return lines[-1]
+
+
+def _families(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+# -- 1. the YAML a publish writes is what real vLLM runs --------------------------------------------
+
+def test_the_published_yaml_is_accepted_by_real_vllm_and_served_as_written(production, tiny_model):
+    target, url, log, started = production
+    text = target.config_path.read_text()
+    # written tidy, as a person would: the sampler's float noise does not reach production
+    assert "gpu-memory-utilization: 0.86\n" in text and "0.8600000000000001" not in text
+    assert f"model: {tiny_model}\n" in text
+    assert target.deployed() == {**WINNER, "gpu_memory_utilization": 0.86}
+
+    # it is real vLLM serving, started by the script with --config (nothing on its command line but the port)
+    pid = int((log.parent / "vllm.pid").read_text())
+    cmdline = psutil.Process(pid).cmdline()
+    assert "--config" in cmdline and str(target.config_path) in cmdline and "--max-num-seqs" not in cmdline
+    models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in models] == [str(tiny_model)]
+    assert models[0]["max_model_len"] == WINNER["max_model_len"]
+
+    # the engine's own cache config, as it exports it
+    info = _families(url)["vllm:cache_config_info"].samples[0].labels
+    assert info["block_size"] == "64", info
+    assert info["gpu_memory_utilization"] == "0.86", info
+
+    # vLLM's parser read the values from the file: its "non-default args" line names them
+    logged = _non_default_args(log)
+    for key, value in WINNER.items():
+        expected = 0.86 if key == "gpu_memory_utilization" else value
+        assert f"'{key}': {expected!r}" in logged, (key, logged)
+    print(f"\nproduction vLLM published and serving in {started:.1f} s")
+
+
+def test_a_false_boolean_in_the_published_yaml_reaches_vllm(production):
+    target, url, log, _ = production
+    # `enable-prefix-caching: false` would be dropped by vLLM's serve --config (vllm-project/vllm#51401)
+    assert "no-enable-prefix-caching: true" in target.config_path.read_text()  # what autotune wrote
+    assert target.deployed()["enable_prefix_caching"] is False  # what autotune believes is deployed
+    assert "'enable_prefix_caching': False" in _non_default_args(log)
+    info = _families(url)["vllm:cache_config_info"].samples[0].labels
+    assert info["enable_prefix_caching"] == "False", info
+
+
+def test_the_served_max_num_seqs_is_the_published_one(production):
+    """8 long requests at once: never more than max_num_seqs (3) run, the rest wait (the watcher's gauges)."""
+    target, url, log, _ = production
+    n = 8
+    body = {"model": target.model, "prompt": PROMPT, "max_tokens": 192, "ignore_eos": True, "temperature": 0}
+    errors: list[str] = []
+
+    def one() -> None:
+        try:
+            r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+            if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != 192:
+                errors.append(r.text[:300])
+        except httpx.HTTPError as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    running, waiting = [], []
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        while any(t.is_alive() for t in threads):
+            snap = scrape(url, client)
+            running.append(snap.gauges.get("running", 0.0))
+            waiting.append(snap.gauges.get("waiting", 0.0))
+            time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert max(running) <= WINNER["max_num_seqs"], running
+    # 8 requests of 192 tokens against 3 slots: some scrape sees the slots full and a queue
+    assert max(running) == WINNER["max_num_seqs"] and max(waiting) >= 1, (running, waiting)
+
+
+# -- 2. the watcher reads real vLLM's /metrics ------------------------------------------------------
+
+def test_the_watcher_reads_real_vllm_metrics(production):
+    target, url, _, _ = production
+    sizes = [(8, 24), (20, 40), (40, 16), (12, 64), (30, 32), (16, 8)]  # (prompt words, output tokens)
+    words = PROMPT.split()
+    reqs = tuple(Request(arrival_s=0.3 * i, output_tokens=out, prompt=" ".join((words * 3)[:w]))
+                 for i, (w, out) in enumerate(sizes))
+    with Watcher(url, window_s=3600) as watcher:
+        assert watcher.poll() is None and watcher.errors == 0  # the first poll only takes a snapshot
+        replay = run_replay(url, Workload(reqs, "watcher"), ReplayOptions(warmup_requests=0, model=target.model))
+        results = replay.results
+        assert all(r.success for r in results), [r.error for r in results]
+        assert [r.output_tokens for r in results] == [out for _, out in sizes]  # ignore_eos + max_tokens
+
+        # the measurement, retried (not the assertion): vLLM's stats may land just after the last stream ends
+        deadline = time.monotonic() + 10
+        while True:
+            window = watcher.poll()
+            assert window is not None, watcher.last_error
+            if window.requests >= len(reqs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert watcher.errors == 0 and not window.reset
+    assert window.requests == len(reqs)
+    assert window.counters.get("requests_failed", 0.0) == 0
+    # token counters and histograms: exact against the server's own usage reports
+    assert window.counters["prompt_tokens"] == sum(r.prompt_tokens for r in results)
+    assert window.counters["generation_tokens"] == sum(r.output_tokens for r in results)
+    assert window.histograms["request_prompt_tokens"].count == len(reqs)
+    assert window.prompt_tokens_mean == pytest.approx(sum(r.prompt_tokens for r in results) / len(reqs))
+    assert window.output_tokens_mean == pytest.approx(sum(out for _, out in sizes) / len(reqs))
+    # TTFT: one observation per request; the server's clock starts after the client's and stops before
+    # the chunk reaches it, so its total lies between 0 and the client's (a few ms per request of slack)
+    ttft = window.histograms["ttft"]
+    assert ttft.count == len(reqs)
+    client_ttft = [r.ttft for r in results]
+    assert 0 < ttft.sum <= sum(client_ttft) + 0.005 * len(reqs), (ttft.sum, client_ttft)
+    p50, (low, _) = window.quantile("ttft", 0.5), ttft.bucket_of(0.5)
+    assert p50 is not None and p50 > 0 and low <= max(client_ttft), (p50, low, client_ttft)
+    e2e = window.histograms["e2e"]
+    assert e2e.count == len(reqs)
+    assert ttft.sum < e2e.sum <= sum(r.e2e for r in results) + 0.01 * len(reqs), (e2e.sum, results)
+    assert window.histograms["tpot"].count == len(reqs)
+    assert window.gauges["running"] == 0 and window.gauges["waiting"] == 0
+    assert 0.0 <= window.gauges["kv_cache_usage"] <= 1.0
+
+
+# -- 3. the capture proxy in front of real vLLM -----------------------------------------------------
+
+def _stream(url: str, body: dict, path: str = "/v1/completions") -> list[dict]:
+    """The SSE events of one streamed request, parsed; the [DONE] marker as the string "[DONE]"."""
+    events: list = []
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        with client.stream("POST", url + path, json=body) as resp:
+            assert resp.status_code == 200, resp.read()[:300]
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    data = line[5:].strip()
+                    events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def _content(events: list) -> list[tuple]:
+    """What a client reads from the events: per chunk, each choice's text and finish reason; usage chunks."""
+    out = []
+    for e in events:
+        if e == "[DONE]":
+            out.append(("[DONE]",))
+        elif e.get("choices"):
+            out.append(tuple((c.get("text", c.get("delta", {}).get("content")), c.get("finish_reason"))
+                             for c in e["choices"]))
+        else:
+            out.append(("usage", e.get("usage")))
+    return out
+
+
+@pytest.fixture
+def capture(production, tmp_path):
+    """``autotune capture`` (the CLI) in front of production, in a process group of its own."""
+    _, url, _, _ = production
+    port = free_port()
+    out = tmp_path / "trace.jsonl"
+    err = tmp_path / "capture.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "autotune", "capture", "--listen", f"127.0.0.1:{port}",
+                                 "--upstream", url, "--out", str(out)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "capturing" not in err.read_text():
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "autotune capture did not start listening"
+            time.sleep(0.1)
+        yield proc, f"http://127.0.0.1:{port}", out, err
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+
+
+def test_capture_relays_real_sse_intact_and_records_the_servers_token_counts(production, capture):
+    target, url, _, _ = production
+    proc, proxy, trace, err = capture
+    body = {"model": target.model, "prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    direct = _stream(url, body)
+    proxied = _stream(proxy, body)
+    # greedy on one server: the same tokens in the same chunks, and no usage chunk the client did not ask for
+    assert _content(proxied) == _content(direct)
+    assert _content(direct)[-1] == ("[DONE]",) and not any(c[0] == "usage" for c in _content(direct))
+    assert len([e for e in direct if e != "[DONE]"]) == 24  # one token per chunk (vLLM's default interval)
+
+    # asked for usage: the client gets vLLM's usage chunk, and the trace the same counts
+    with_usage = _stream(proxy, {**body, "stream_options": {"include_usage": True}})
+    usage = [e["usage"] for e in with_usage if e != "[DONE]" and not e.get("choices") and e.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == 24
+    assert _content(with_usage)[:-2] == _content(direct)[:-1]  # the tokens again, then usage, then [DONE]
+
+    chat = {"model": target.model, "messages": [{"role": "system", "content": "You answer briefly."},
+                                                {"role": "user", "content": PROMPT}],
+            "max_tokens": 12, "ignore_eos": True, "temperature": 0, "stream": True}
+    chat_direct = _stream(url, {**chat, "stream_options": {"include_usage": True}}, "/v1/chat/completions")
+    chat_proxied = _stream(proxy, chat, "/v1/chat/completions")
+    assert _content(chat_proxied) == [c for c in _content(chat_direct) if c[0] != "usage"]
+    chat_usage = [e["usage"] for e in chat_direct if e != "[DONE]" and not e.get("choices") and e.get("usage")][0]
+
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the proxy stops cleanly
+    assert proc.wait(20) == 0, err.read_text()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(r.get("api", "completion"), r["prompt_tokens"], r["output_tokens"]) for r in lines] == [
+        ("completion", usage[0]["prompt_tokens"], 24),
+        ("completion", usage[0]["prompt_tokens"], 24),
+        ("chat", chat_usage["prompt_tokens"], 12),
+    ]
+    assert all("prompt" not in r for r in lines)  # no prompt text without --with-prompts
+    arrivals = [r["arrival_s"] for r in lines]
+    assert arrivals[0] == 0 and arrivals == sorted(arrivals)
+
+
+# -- 4. the bundled flag table is the installed vLLM's parser ---------------------------------------
+
+# Reads the installed vLLM's parser twice, in its own interpreter: through autotune's DUMP_CODE (what
+# the bundled table was generated with), and directly from argparse's actions (so a mistake in
+# DUMP_CODE cannot hide behind a table generated by the same mistake).
+_RAW = r"""
+import argparse, importlib, json
+for where in ("common", "launchers", "openai"):
+    try:
+        make_arg_parser = importlib.import_module(f"vllm.entrypoints.{where}.cli_args").make_arg_parser
+        break
+    except ImportError:
+        continue
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+rows = []
+for a in parser._actions:
+    def converts(value, a=a):
+        try:
+            return repr(a.type(value)) if a.type is not None else None
+        except Exception as e:
+            return "error"
+    rows.append({"options": list(a.option_strings), "action": type(a).__name__, "nargs": a.nargs,
+                 "type": getattr(a.type, "__name__", None), "int": converts("7"), "float": converts("0.5"),
+                 "word": converts("not-a-number"),
+                 "choices": [str(c) for c in a.choices] if a.choices else []})
+print(json.dumps(rows))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed_parser(tmp_path_factory):
+    code = tmp_path_factory.mktemp("flags")
+    (code / "raw.py").write_text(_RAW)
+    (code / "dump.py").write_text(DUMP_CODE)
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIG_ROOT": str(code / "config"),
+           "VLLM_CACHE_ROOT": str(code / "cache"), "VLLM_NO_USAGE_STATS": "1"}
+    out = {}
+    for name in ("dump", "raw"):
+        r = subprocess.run([sys.executable, str(code / f"{name}.py")], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["dump"], out["raw"]
+
+
+def test_the_bundled_flag_table_is_the_installed_vllm_parser(installed_parser):
+    dump, raw = installed_parser
+    assert dump["version"].startswith("0.32"), dump["version"]  # what scripts/install_cpu.sh installs
+    bundled = bundled_table(dump["version"])  # 0.32.0+cpu -> the 0.32 table
+    assert bundled.source == "bundled:0.32"
+    table = {f.name: f for f in bundled.flags.values()}
+    fresh = FlagTable.from_dump(dump, source="parser")
+    now = {f.name: f for f in fresh.flags.values()}
+    # every flag, its kind, type, choices and aliases as the table records them: a vLLM whose parser
+    # gained, lost or changed a flag turns this red (regenerate with scripts/dump_vllm_flags.py)
+    assert sorted(set(now) - set(table)) == [], "flags the installed vLLM has and the bundled table lacks"
+    assert sorted(set(table) - set(now)) == [], "flags the bundled table has and the installed vLLM lacks"
+    changed = {name: (table[name], now[name]) for name in now if table[name] != now[name]}
+    assert changed == {}, changed
+
+
+def test_the_bundled_flag_table_reads_argparse_right(installed_parser):
+    """The table against argparse's own actions: spellings, switches, booleans, types, choices."""
+    dump, raw = installed_parser
+    bundled = bundled_table(dump["version"])
+    actions = [a for a in raw if a["action"] != "_HelpAction" and a["options"]]  # positionals: the model
+    spellings = {s for a in actions for s in a["options"]}
+    # every spelling vLLM's parser accepts (aliases, --no-x, short forms) is one the table knows, and back
+    assert sorted(s for s in spellings if bundled.lookup(s) is None) == []
+    assert sorted(s for s in bundled.flags if s not in spellings) == []
+    for a in actions:
+        flag = bundled.lookup(a["options"][0])
+        where = f"{a['options']} ({a['action']}, type {a['type']})"
+        if a["action"] == "BooleanOptionalAction":
+            assert flag.kind == "bool", where
+            assert bundled.resolve("--no-" + flag.name[2:]) == (flag.name, False), where
+        elif a["nargs"] == 0:
+            assert flag.kind == "switch", where
+        else:
+            assert flag.kind == "value", where
+        assert list(flag.choices) == a["choices"], where
+        # a type the table records is the parser's: it converts as that type and refuses a word
+        if flag.type == "int":
+            assert a["int"] == "7" and a["word"] == "error", where
+        elif flag.type == "float":
+            assert a["float"] == "0.5" and a["word"] == "error", where
+        # and the parser's plain int and float flags are recorded as such (what check_args checks)
+        if a["type"] == "int" and a["action"] == "_StoreAction":
+            assert flag.type == "int", where
+        if a["type"] == "float" and a["action"] == "_StoreAction":
+            assert flag.type == "float", where
+    # the flags a study tunes, spelled out: a regeneration that lost one of them must be noticed
+    for name, kind, typ in [("--max-num-seqs", "value", "int"), ("--block-size", "value", "int"),
+                            ("--gpu-memory-utilization", "value", "float"), ("--enable-prefix-caching", "bool", "bool"),
+                            ("--enable-chunked-prefill", "bool", "bool"), ("--enforce-eager", "bool", "bool"),
+                            ("--max-num-batched-tokens", "value", None), ("--kv-cache-memory-bytes", "value", None),
+                            ("--config", "value", "str")]:
+        flag = bundled.lookup(name)
+        assert flag is not None and flag.kind == kind and (typ is None or flag.type == typ), (name, flag)
+    assert bundled.lookup("--scheduling-policy").choices == ("fcfs", "priority")
+    assert bundled.lookup("--swap-space") is None and bundled.lookup("--enable-cuda-graph") is None
