@@ -228,21 +228,45 @@ def test_a_verification_that_fails_after_the_switch_switches_back(rig, tmp_path,
     assert {u for t, _, u in log if t > t_back} <= {blue.backend}
 
 
-# --- a publisher killed at every step ----------------------------------------------------------------
+# --- a publisher killed at every step, production recovered by the daemon ------------------------
 
 
 STEPS = ["starting", "canary", "switching", "verifying", "retiring"]
 
 
+def daemon_config(target, nginx, desc, tmp_path, verify_window="4s"):
+    """A daemon config for the rig: blue-green production, the repo's vllm-sim staging study, nothing
+    that would start a tuning on its own (no schedule, no tuned fingerprint to drift from)."""
+    import tomli_w
+
+    production = {"url": nginx.url, "kind": "blue-green", "model": "llama-3.1-8b", "verify_window": verify_window,
+                  "health_timeout": "20s",
+                  "proxy": {"kind": "nginx", "upstream_file": desc["upstream_file"], "test": desc["test"],
+                            "reload": desc["reload"]}}
+    for name in ("blue", "green"):
+        c = target.colors[name]
+        production[name] = {"config": str(c.server.config_path), "url": c.url, "start": list(c.server.restart),
+                            "stop": list(c.stop_argv)}
+    data = {"slos": ["ttft<2s"], "state_dir": str(tmp_path / "state"), "production": production,
+            "staging": {"study": str(ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""},
+            "watch": {"scrape_interval": "1s", "window": "10s"}, "triggers": {"every": "0"}}
+    config = tmp_path / "d.toml"
+    config.write_text(tomli_w.dumps(data))
+    return config, tmp_path / "state" / "daemon" / "production" / "history"
+
+
 @pytest.mark.parametrize("step", STEPS)
-def test_a_publisher_killed_at_a_step_resumes_to_one_color_serving(rig, tmp_path, tiny_model, step):
+def test_a_publisher_killed_at_a_step_is_recovered_by_the_daemon_to_one_color_serving(rig, tmp_path, tiny_model,
+                                                                                      step):
     target, nginx, desc = rig
+    config, history = daemon_config(target, nginx, desc, tmp_path)
     desc = {**desc, "verify_window": 4.0, "min_requests": 1}
     (tmp_path / "rig.json").write_text(json.dumps(desc))
     values = tmp_path / "values.json"
     values.write_text(json.dumps({**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 96}))
-    history = tmp_path / "history"
     traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=25)
+    # the publish the daemon would run (tests/bluegreen_rig.py: publish() with the daemon's canary and
+    # verification), in a process killed with SIGKILL once the history says it began `step`
     argv = [sys.executable, "-m", "tests.bluegreen_rig", "publish", str(tmp_path / "rig.json"), str(history),
             str(values), "ttft<2s"]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -260,11 +284,24 @@ def test_a_publisher_killed_at_a_step_resumes_to_one_color_serving(rig, tmp_path
         os.kill(p.pid, signal.SIGKILL)  # the publisher only: what it started (colors, nginx) lives on
     finally:
         p.wait(10)
-    r = subprocess.run([*argv[:3], "recover", *argv[4:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert History(history).open_entry() is not None
+    # the daemon starts: it finds the open publish and settles it before anything else
+    d = subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "--config", str(config)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while History(history).open_entry() is not None:
+            assert d.poll() is None and time.monotonic() < deadline, "the daemon did not settle the publish"
+            time.sleep(0.2)
+        time.sleep(1.0)  # a tick after the recovery
+    finally:
+        d.send_signal(signal.SIGTERM)
+        journal = d.communicate(timeout=30)[0].decode()
+    assert d.returncode == 0, journal
     seen = traffic.result()
     entry = History(history).entries()[-1]
     assert entry.outcome in ("published", "rolled-back"), entry
+    assert f"recovered entry {entry.number}: {entry.outcome}" in journal, journal
     live = target.live()
     other = target.other(live)
     assert color_serving(live.url) and not color_serving(other.url)  # one color serving, the other stopped
@@ -283,20 +320,10 @@ def test_a_publisher_killed_at_a_step_resumes_to_one_color_serving(rig, tmp_path
 
 def test_daemon_check_on_a_blue_green_production(rig, tmp_path):
     """`autotune daemon --check` reads a blue-green [production]: every command, the proxy, the live color."""
-    import tomli_w
+    import tomllib
 
     target, nginx, desc = rig
-    production = {"url": nginx.url, "kind": "blue-green", "model": "llama-3.1-8b", "verify_window": "1m",
-                  "proxy": {"kind": "nginx", "upstream_file": desc["upstream_file"], "test": desc["test"],
-                            "reload": desc["reload"]}}
-    for name in ("blue", "green"):
-        c = target.colors[name]
-        production[name] = {"config": str(c.server.config_path), "url": c.url, "start": list(c.server.restart),
-                            "stop": list(c.stop_argv)}
-    data = {"slos": ["ttft<1s"], "state_dir": str(tmp_path / "state"), "production": production,
-            "staging": {"study": str(ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""}}
-    config = tmp_path / "d.toml"
-    config.write_text(tomli_w.dumps(data))
+    config, _ = daemon_config(target, nginx, desc, tmp_path)
 
     def check():
         return subprocess.run([sys.executable, "-m", "autotune", "daemon", "--check", "--config", str(config)],
@@ -310,7 +337,10 @@ def test_daemon_check_on_a_blue_green_production(rig, tmp_path):
     assert r.returncode == 1
     lines = [x for x in r.stderr.splitlines() if "production answers" in x]
     assert len(lines) == 1 and "502" in lines[0], r.stderr
-    production["green"]["start"] = ["/no/such/systemctl", "restart", "vllm@green"]
+    import tomli_w
+
+    data = tomllib.loads(config.read_text())
+    data["production"]["green"]["start"] = ["/no/such/systemctl", "restart", "vllm@green"]
     config.write_text(tomli_w.dumps(data))
     r = check()
     assert "[production.green].start: '/no/such/systemctl' is not an executable" in r.stderr
