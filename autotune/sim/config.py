@@ -37,6 +37,9 @@ class SimConfig:
     load_format: str = "auto"
     stream_interval: int = 1
     max_cudagraph_capture_size: int | None = None
+    # not a vLLM flag: which engine generation to behave as, for replaying published measurements
+    # ("v1": today's; "v0": vLLM <= 0.7's V0 engine, whose CUDA graphs sat outside the memory budget)
+    era: str = "v1"
 
     @classmethod
     def from_args(cls, values: Mapping[str, Any], gpu: GpuProfile, shape: ModelShape) -> SimConfig:

@@ -7,20 +7,24 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   attention), the new tokens' KV (written);
 - FLOPs: 2 x parameters x T for the matmuls, 2 x hidden x vocab per sampled sequence for the
   LM head, and 4 x layers x heads x head_dim x (new tokens x context) for attention;
-- time = max(bytes / (bandwidth x 0.85), FLOPs / (peak x 0.70)): the achievable share of the
-  datasheet peaks (STREAM-like copies reach ~85 % of HBM bandwidth; large bf16 GEMMs ~70 % MFU);
+- time = max(bytes / (bandwidth x e_bw), FLOPs / (peak x e_flops)): the achievable share of the
+  datasheet peaks, per GPU (``GpuProfile.bandwidth_efficiency``/``compute_efficiency``; by default
+  0.85 and 0.70: STREAM-like copies reach ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU;
+  the calibrated GPUs' values are fitted, profiles.py);
 - plus two all-reduces per layer under tensor parallelism (ring: 2 (tp-1)/tp x activation bytes
-  over the link, and ~8 us latency each);
+  over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
 - plus host overhead: scheduling, sampling and detokenizing (1.2 ms + 4 us per sequence;
   --async-scheduling overlaps about half of it with the GPU) and kernel launches: with CUDA
   graphs, a decode-only batch that fits a captured size replays one graph (~5 us per layer),
   a mixed batch runs piecewise graphs (~25 us per layer); --enforce-eager launches every kernel
   (~100 us per layer, about 15 kernels of ~6 us).
 
-These constants are round numbers from published vLLM profiles, not a calibration against one
-GPU; the README says so. What matters for the search is that the trade-offs point the right
-way and have the right order of magnitude: batching amortizes the weight reads until compute
-binds, long contexts make decode bandwidth-bound on KV, eager mode costs most at small batches.
+The host constants are round numbers from published vLLM profiles; the per-GPU fractions, the
+all-reduce latency of the calibrated GPUs and the API server's costs (``FrontEnd``) are fitted on
+public measurements (bench/sim_fidelity.md has the errors on points held out of the fit). What
+matters for the search is that the trade-offs point the right way and have the right order of
+magnitude: batching amortizes the weight reads until compute binds, long contexts make decode
+bandwidth-bound on KV, eager mode costs most at small batches.
 """
 
 from __future__ import annotations
@@ -35,9 +39,6 @@ from autotune.sim.scheduler import StepPlan
 
 __all__ = ["StepModel"]
 
-BANDWIDTH_EFFICIENCY = 0.85
-COMPUTE_EFFICIENCY = 0.70
-ALLREDUCE_LATENCY_S = 8e-6
 
 
 @dataclass
@@ -55,8 +56,8 @@ class StepModel:
         self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence
         self._attn_flops = 4 * s.layers * s.heads * s.head_dim / tp  # per (new token x context token)
         self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / tp  # per token, per GPU
-        self._bw = self.gpu.bandwidth * BANDWIDTH_EFFICIENCY
-        self._flops = self.gpu.bf16_flops * COMPUTE_EFFICIENCY
+        self._bw = self.gpu.bandwidth * self.gpu.bandwidth_efficiency
+        self._flops = self.gpu.bf16_flops * self.gpu.compute_efficiency
         self._act_bytes = 2 * s.hidden  # one token's activation, bf16
         self._graphs = capture_sizes(c)
         self._layers = s.layers
@@ -87,7 +88,7 @@ class StepModel:
         gpu = max(moved / self._bw, flops / self._flops)
         if self._tp > 1:
             ring = 2 * (self._tp - 1) / self._tp * tokens * self._act_bytes
-            gpu += 2 * self._layers * (ALLREDUCE_LATENCY_S + ring / self.gpu.link_bandwidth)
+            gpu += 2 * self._layers * (self.gpu.allreduce_latency_s + ring / self.gpu.link_bandwidth)
         host = 1.2e-3 + 4e-6 * seqs
         if self.config.async_scheduling:
             host *= 0.5
@@ -101,3 +102,53 @@ class StepModel:
         else:
             launch = 25e-6 * self._layers
         return gpu + host + launch
+
+
+@dataclass
+class FrontEnd:
+    """vLLM's API server process: what a request costs before the engine sees it and after it answers.
+
+    One process serves every request (``vllm serve`` runs one API server by default), so its
+    work is serialized: a request costs ``request_s`` (HTTP, JSON, the chat template, request
+    setup) plus ``prompt_token_s`` per prompt token (tokenization) before the engine core gets
+    it, and every step's outputs cost ``output_token_s`` per token (detokenization, the SSE
+    chunk) before the client sees them. ``latency_s`` is the part of the path that is not
+    serialized (the client, the socket, the ZMQ hop to the engine core): a floor under TTFT.
+    Under a burst the serialized costs queue, which is the front-end's own throughput ceiling.
+
+    ``admit`` and ``deliver`` advance the process's clock (``free_s``): the one model the
+    virtual-time engine (virtual.py) and the HTTP server's engine (realtime.py) both apply.
+    The constants are fitted (``API_SERVER`` below, scripts/bench_sim_fidelity.py --fit-front-end).
+    """
+
+    request_s: float = 0.0
+    prompt_token_s: float = 0.0
+    output_token_s: float = 0.0
+    latency_s: float = 0.0
+    free_s: float = 0.0  # when the process is next idle
+
+    def admit(self, now: float, prompt_tokens: int) -> float:
+        """When a request that reached the server at ``now`` reaches the engine core."""
+        start = max(now, self.free_s)
+        self.free_s = start + self.request_s + self.prompt_token_s * prompt_tokens
+        return self.free_s + self.latency_s
+
+    def deliver(self, now: float, tokens: int) -> float:
+        """When a step that ended at ``now`` with ``tokens`` new tokens has them at the client."""
+        if not self.output_token_s:
+            return now
+        start = max(now, self.free_s)
+        self.free_s = start + self.output_token_s * tokens
+        return self.free_s
+
+    def reset(self) -> FrontEnd:
+        return FrontEnd(self.request_s, self.prompt_token_s, self.output_token_s, self.latency_s)
+
+
+# vLLM's API server (V1, vLLM 0.11, `vllm bench serve` on the same host): fitted by
+# `scripts/bench_sim_fidelity.py --fit-front-end` on the fit part of bench/sim_calibration.toml
+# only (gpustack Qwen3-8B/H100 at concurrency 1-8, Qwen3-32B/A100 ShareGPT and 1000 x 128-token
+# burst; log error on TTFT, throughput, TPOT, E2E; bench/sim_fidelity.md). A ~50 ms TTFT floor,
+# ~2.2 us a prompt token and ~37 us an output token in the one serialized process (the latter a
+# ceiling of ~27k streamed tokens/s); no separate per-request cost was needed once those two were.
+API_SERVER = FrontEnd(request_s=0.0, prompt_token_s=2.19e-6, output_token_s=37.5e-6, latency_s=0.050)

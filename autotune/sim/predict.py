@@ -21,9 +21,10 @@ The results are the replay client's RequestResult records, so ``measure.metrics.
 the SLO verdicts, ``console.print_result`` and ``Outcome.to_json`` apply unchanged: the same
 table and the same JSON as ``autotune bench``, with ``"predicted": true``, the GPU and the
 engine's flags instead of a process's argv and environment, and ``engine_start_s`` the
-simulated start-up time. Latencies are the engine's: not modelled are the API server's own
-costs (HTTP, tokenization, detokenization), the network, and ``--stream-interval`` > 1 (ITL
-is per token).
+simulated start-up time. Latencies include the API server's own costs (perf.FrontEnd: a
+fixed floor, per-request and per-token tokenization and detokenization in one serialized
+process, fitted on public measurements); not modelled are the network beyond that floor and
+``--stream-interval`` > 1 (ITL is per token).
 
 A config that cannot start prints the start-up failure vLLM would print (the server's texts,
 startup.py) and exits 1; ``--json`` then holds the failure and its class (``oom``,
@@ -48,6 +49,7 @@ from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Outcome, Step
 from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
+from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.text import TextCodec, chat_prompt
 from autotune.workload.source import WorkloadSpec, load, parse_range
@@ -74,6 +76,8 @@ class PredictOptions:
     warmup: int = 4
     slos: list[SLO] = field(default_factory=list)
     vllm_args: dict[str, Any] = field(default_factory=dict)  # the flags given, for the JSON
+    api_server: bool = True  # requests pass through vLLM's API server (False: the offline LLM class)
+    front_end: FrontEnd | None = None  # the API server's costs; None: perf.API_SERVER
 
 
 @dataclass
@@ -187,7 +191,8 @@ def predict(opts: PredictOptions, workload: Workload) -> Prediction:
         out.engine_failed_after_s = startup.seconds
         return Prediction(out, opts, failure_lines=tuple(lines))
     out.engine_ready_s = startup.seconds
-    engine = SimEngine(opts.shape, opts.gpu, c, startup.plan)
+    front_end = (opts.front_end or API_SERVER) if opts.api_server else None
+    engine = SimEngine(opts.shape, opts.gpu, c, startup.plan, front_end)
     if opts.load != 1.0:
         workload = workload.scaled(opts.load)
     ids = prompt_ids(workload, TextCodec(opts.tokenizer))

@@ -6,6 +6,8 @@ GB figure), since that is what vLLM's gpu_memory_utilization multiplies:
 
 - H100 SXM5 80GB: 3.35 TB/s HBM3, 989 TFLOPS BF16 dense, NVLink 900 GB/s
   (NVIDIA H100 Tensor Core GPU datasheet, 2023); NVML total 81559 MiB.
+- H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS BF16 dense, NVLink bridge 600 GB/s (same datasheet);
+  NVML total taken as the SXM part's (both 80 GB); the H100's fitted fractions (same GH100 die).
 - H200 SXM 141GB: 4.8 TB/s HBM3e, 989 TFLOPS BF16, NVLink 900 GB/s (NVIDIA H200 datasheet,
   2024); NVML total 143771 MiB.
 - A100 SXM4 80GB: 2.039 TB/s HBM2e, 312 TFLOPS BF16, NVLink 600 GB/s (NVIDIA A100 datasheet,
@@ -14,6 +16,10 @@ GB figure), since that is what vLLM's gpu_memory_utilization multiplies:
   product brief, 2023); NVML total 46068 MiB.
 - A10 24GB: 600 GB/s GDDR6, 125 TFLOPS BF16 dense, PCIe Gen4 x16 64 GB/s (NVIDIA A10
   datasheet, 2021); NVML total 23028 MiB.
+- GeForce RTX 3090 24GB: 936 GB/s GDDR6X, 71 TFLOPS FP16/BF16 tensor dense with FP32 accumulate
+  (NVIDIA Ampere GA102 GPU architecture whitepaper, 2020, table "GeForce RTX 3090"), PCIe Gen4 x16;
+  memory: vLLM's own total_gpu_memory=23.58GiB from the start-up log in vllm-project/vllm#10517
+  (vLLM's figure, not NVML's, is what gpu_memory_utilization multiplies).
 
 Named models are the published config.json values of the dense models the example studies
 use; any other model is read from its config.json (engine/model.py).
@@ -38,14 +44,35 @@ class GpuProfile:
     bandwidth: float  # bytes/s, peak
     bf16_flops: float  # FLOP/s, dense peak
     link_bandwidth: float  # bytes/s per direction between GPUs (NVLink, else PCIe)
+    # achievable share of the datasheet peaks in vLLM's steps; defaults: STREAM-like copies reach
+    # ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU (perf.py). Per-GPU values: GPUS below.
+    bandwidth_efficiency: float = 0.85
+    compute_efficiency: float = 0.70
+    # one all-reduce's fixed latency under tensor parallelism (two per layer); default ~8 us, a
+    # one-shot custom all-reduce over NVLink (perf.py); fitted where a TP point exists
+    allreduce_latency_s: float = 8e-6
 
 
+# Achievable fractions (bandwidth_efficiency, compute_efficiency): H100 and A100 are fitted by
+# `scripts/bench_sim_fidelity.py --fit` on the fit part of bench/sim_calibration.toml only
+# (gpustack Qwen3-8B/H100 and Qwen3-32B/A100, Lambda Llama-3 8B/70B; coordinate search, log
+# error on throughput, TPOT, ITL and E2E; bench/sim_fidelity.md); the H100's all-reduce latency
+# by `--fit-allreduce` on the Lambda Llama-3-70B TP4 points (the only TP points in the fit part).
+# The H200 has no fit point: it is the H100's GH100 die with HBM3e and the same NVLink (NVIDIA
+# H200 datasheet), so it takes the H100's fractions and all-reduce latency.
+# The other GPUs keep the defaults (no calibration point).
 GPUS: dict[str, GpuProfile] = {
-    "h100-80gb": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12, 989e12, 450e9),
-    "h200-141gb": GpuProfile("NVIDIA H200", 143771 * MiB, 4.8e12, 989e12, 450e9),
-    "a100-80gb": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MiB, 2.039e12, 312e12, 300e9),
+    "h100-80gb": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12, 989e12, 450e9,
+                            bandwidth_efficiency=0.85, compute_efficiency=0.40, allreduce_latency_s=10e-6),
+    "h100-pcie-80gb": GpuProfile("NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9,
+                                 bandwidth_efficiency=0.85, compute_efficiency=0.40),
+    "h200-141gb": GpuProfile("NVIDIA H200", 143771 * MiB, 4.8e12, 989e12, 450e9,
+                             bandwidth_efficiency=0.85, compute_efficiency=0.40, allreduce_latency_s=10e-6),
+    "a100-80gb": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MiB, 2.039e12, 312e12, 300e9,
+                            bandwidth_efficiency=0.70, compute_efficiency=0.60),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
+    "rtx3090-24gb": GpuProfile("NVIDIA GeForce RTX 3090", int(23.58 * 1024) * MiB, 936e9, 71e12, 32e9),
 }
 
 # config.json fields of the dense models the example studies name
@@ -59,10 +86,28 @@ MODELS: dict[str, dict] = {
     "llama-3.1-70b": {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
                       "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 28672, "vocab_size": 128256,
                       "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    # Qwen/Qwen3-8B and Qwen/Qwen3-32B config.json (huggingface.co/Qwen/Qwen3-8B, /Qwen3-32B)
+    "qwen3-8b": {"num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
+                 "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "qwen3-32b": {"num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+                  "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    # meta-llama/Meta-Llama-3-8B(-Instruct) and Meta-Llama-3-70B(-Instruct) config.json: the 3.1
+    # shapes with an 8192-token context
+    "llama-3-8b": {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
+                   "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "llama-3-70b": {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
+                    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 28672, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
 }
 # names as people write them in studies (the Hugging Face ids of those models)
 ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
-           "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b"}
+           "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b", "Qwen/Qwen3-8B": "qwen3-8b",
+           "Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
+           "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b", "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
+           "meta-llama/Meta-Llama-3-70B-Instruct": "llama-3-70b"}
 
 
 def gpu_profile(name: str) -> GpuProfile:

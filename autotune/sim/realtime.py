@@ -60,6 +60,10 @@ class RealtimeEngine:
         self.interval = max(1, engine.config.stream_interval)
         self.log_stats = log_stats
         self.streams: dict[str, Stream] = {}
+        # the API server's serialized costs (the same perf.FrontEnd predict applies); here only the
+        # request side: outputs reach the client at the step's end (the per-token cost is predict's only)
+        self.front_end = engine.front_end.reset() if engine.front_end is not None else None
+        self._in_api_server: set[str] = set()
         self._wake = asyncio.Event()
         self._stepping = False  # between schedule() and finish_step(): aborts must wait
         self._aborts: list[Request] = []
@@ -73,7 +77,21 @@ class RealtimeEngine:
     # -- requests in and out ---------------------------------------------------------------------
 
     def add(self, stream: Stream) -> None:
+        """A request from the API: to the scheduler once the API server's own cost has passed (perf.FrontEnd)."""
         self.streams[stream.req.id] = stream
+        fe = self.front_end
+        if fe is None:
+            self._admit(stream)
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._in_api_server.add(stream.req.id)
+        loop.call_later(max(0.0, fe.admit(now, stream.req.prompt_len) - now), self._admit, stream)
+
+    def _admit(self, stream: Stream) -> None:
+        self._in_api_server.discard(stream.req.id)
+        if self.streams.get(stream.req.id) is not stream:
+            return  # the client went away while the API server held the request
         self.sched.add(stream.req)
         self._wake.set()
 
@@ -81,6 +99,8 @@ class RealtimeEngine:
         """The client went away: free what its request holds (after the step in flight, if any)."""
         if self.streams.pop(stream.req.id, None) is None or stream.req.finished:
             return
+        if stream.req.id in self._in_api_server:
+            return  # never reached the scheduler
         if self._stepping:
             self._aborts.append(stream.req)
         else:

@@ -46,6 +46,7 @@ from autotune.sim.realtime import RealtimeEngine, Stream
 from autotune.sim.scheduler import Request, block_hashes
 from autotune.sim.startup import plan_startup
 from autotune.sim.text import TextCodec, chat_prompt, eos_length, token_text
+from autotune.sim.perf import API_SERVER
 from autotune.sim.virtual import SimEngine
 
 __all__ = [
@@ -442,7 +443,7 @@ async def serve(opts: ServeOptions) -> int:
         if startup.failure or startup.plan is None:
             print_startup_failure(startup.failure or ("RuntimeError: start-up failed",))
             return 1
-        engine = SimEngine(opts.shape, opts.gpu, c, startup.plan)
+        engine = SimEngine(opts.shape, opts.gpu, c, startup.plan, API_SERVER)
         metrics = SimMetrics(opts.served_names[0], c, startup.plan)
         rt = RealtimeEngine(engine, metrics, log_stats=opts.log_stats)
         codec = TextCodec(opts.tokenizer)

@@ -10,7 +10,8 @@ v1/core/kv_cache_utils.py):
 3. Profile a forward pass of max_num_batched_tokens tokens and a sampler warm-up of
    max_num_seqs dummy requests: the activation peak. Not free: the sampler's own OOM text.
 4. Estimate CUDA graph memory (unless --enforce-eager); subtracted from the budget, as 0.33
-   does by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1).
+   does by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1). V0 engines (``SimConfig.era``)
+   captured graphs after allocating the KV cache, outside the budget: not subtracted.
 5. KV cache = requested - weights - activation peak - non-torch memory - graphs, or exactly
    --kv-cache-memory-bytes when given. <= 0: ``No available memory for the cache blocks``;
    less than one max_model_len sequence: ``To serve at least one request with the model's
@@ -150,7 +151,8 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
     if config.kv_cache_memory_bytes is not None:
         kv = config.kv_cache_memory_bytes
     else:
-        kv = requested - weights - forward - sampler - non_torch - graphs
+        # V0 captured its graphs after allocating the cache, outside the budget (SimConfig.era)
+        kv = requested - weights - forward - sampler - non_torch - (graphs if config.era != "v0" else 0)
     s.phases.append(Phase(2.0, (f"Available KV cache memory: {_gib(kv)} GiB",)))
     if kv <= 0:
         s.failure = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from autotune.engine.model import ModelShape
 from autotune.sim.config import SimConfig
-from autotune.sim.perf import StepModel
+from autotune.sim.perf import FrontEnd, StepModel
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import Request, Scheduler, block_hashes
 from autotune.sim.startup import MemoryPlan, Startup, plan_startup
@@ -40,13 +40,15 @@ class SimEngine:
     gpu: GpuProfile
     config: SimConfig
     plan: MemoryPlan
+    front_end: FrontEnd | None = None  # the API server's costs (perf.FrontEnd); None: the engine alone
 
     @classmethod
-    def start(cls, shape: ModelShape, gpu: GpuProfile, config: SimConfig, used_by_others: int = 0) -> SimEngine:
+    def start(cls, shape: ModelShape, gpu: GpuProfile, config: SimConfig, used_by_others: int = 0,
+              front_end: FrontEnd | None = None) -> SimEngine:
         s = plan_startup(shape, gpu, config, used_by_others=used_by_others)
         if s.plan is None:
             raise StartupFailed(s)
-        return cls(shape, gpu, config, s.plan)
+        return cls(shape, gpu, config, s.plan, front_end)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -125,6 +127,8 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
         last.append(0.0)
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
+    fe = engine.front_end.reset() if engine.front_end is not None else None
+    admits: list[tuple[float, int]] = []  # (when the API server hands it to the engine, request)
 
     def send(i: int, at: float) -> None:
         nonlocal in_flight
@@ -132,19 +136,24 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
         if reqs[i].prompt_len > engine.config.max_model_len:
             results[i].error = "prompt longer than max_model_len"  # vLLM answers 400
             return
-        sched.add(reqs[i])
         in_flight += 1
+        if fe is None:
+            sched.add(reqs[i])
+        else:
+            heapq.heappush(admits, (fe.admit(at, reqs[i].prompt_len), i))
 
     now = 0.0
-    while arrivals or sched.has_work:
+    while arrivals or admits or sched.has_work:
         while arrivals and arrivals[0][0] <= now:
             t, i = heapq.heappop(arrivals)
             if max_concurrency is not None and (held or in_flight >= max_concurrency):
                 held.append(i)
             else:
                 send(i, t)
+        while admits and admits[0][0] <= now:
+            sched.add(reqs[heapq.heappop(admits)[1]])
         if not sched.has_work:
-            now = arrivals[0][0]
+            now = min(q[0][0] for q in (arrivals, admits) if q)
             continue
         plan = sched.schedule(now)
         if not plan:
@@ -152,10 +161,12 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
         now += engine.step_model.step_seconds(plan)
         if on_step is not None:
             on_step(now, plan.num_tokens)
-        for req in sched.finish_step(plan):
+        produced = sched.finish_step(plan)
+        seen = now if fe is None else fe.deliver(now, len(produced))  # when the client has the tokens
+        for req in produced:
             i = int(req.id[len(tag):])
             res = results[i]
-            t = now - req.arrival_s
+            t = seen - req.arrival_s
             if req.num_output == 1:
                 res.ttft = t
             elif keep_itl:
@@ -167,7 +178,7 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
                 res.output_tokens = req.num_output
                 in_flight -= 1
         while held and in_flight < (max_concurrency or 0):
-            send(held.popleft(), now)
+            send(held.popleft(), seen)
     return results
 
 
