@@ -89,7 +89,7 @@ def test_daemon_config_errors_say_what_to_write(tmp_path):
     with pytest.raises(ConfigError, match="list of strings"):
         load_daemon_config(p)
     p.write_text('slos = ["ttft<1s"]\n[production]\nurl = "http://x"\nkind = "k8s"\n')
-    with pytest.raises(ConfigError, match="vllm-config' or 'xinference"):
+    with pytest.raises(ConfigError, match="'vllm-config', 'xinference' or 'blue-green'"):
         load_daemon_config(p)
 
 

@@ -39,11 +39,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
 from autotune.daemon import notify
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
-from autotune.daemon.production import build_target, daemon_root, production_canary
-from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
+from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
+from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide, duration_text
 from autotune.daemon.fingerprint import Fingerprint, drift
 from autotune.daemon.tuning import TuningChild, choose, production_capacity, write_tuning_study
 from autotune.daemon.watcher import Watcher
@@ -57,6 +59,7 @@ from autotune.study.records import StudyResult
 __all__ = ["Daemon"]
 
 MIN_REQUESTS = 20  # a window with fewer finished requests says too little about the traffic
+RETRY_S = 600.0  # a tuning that reached no verdict: its trigger waits this long (doubling) before the next try
 
 
 def _shape(note: str) -> str:
@@ -90,6 +93,7 @@ class Daemon:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._job: concurrent.futures.Future[Any] | None = None
         self._failed_scrapes = 0  # in the current streak
+        self._capacities: dict[str, float | None] = {}  # a finished tuning's measurement of production, by study
         self._settled = self._last_settled()  # the last publish or rollback the watcher's window starts after
 
     # -- the loop ------------------------------------------------------------------------------
@@ -159,9 +163,10 @@ class Daemon:
             self._awaiting_approval()
         elif self._job is not None and self._job.done():
             self._publish_done()
-        self._after_publishes()
+        entries = self._entries()  # once per tick, after the phase's own step: what it settled counts now
+        self._after_publishes(entries)
         self.metrics.set_phase(self.state.phase.value)
-        self._history_metrics()
+        self._history_metrics(entries)
         notify.status(f"{self.state.phase.value}: {self.state.note}"[:200])
 
     def _set(self, phase: Phase, **changes: Any) -> None:
@@ -192,21 +197,28 @@ class Daemon:
 
     # -- watching ------------------------------------------------------------------------------
 
-    def _last_settled(self) -> tuple[int, str] | None:
-        """The newest publish or rollback in the history (its number and outcome), whoever made it."""
+    def _entries(self) -> list[Entry] | None:
+        """The publish history, read once per tick (None: an entry is damaged; the history's own commands say which)."""
         try:
-            entries = self.history.entries()
+            return self.history.entries()
         except AutotuneError:
             return None
-        done = [e for e in entries if e.outcome in ("published", "rolled-back")]
+
+    def _last_settled(self, entries: list[Entry] | None = None) -> tuple[int, str] | None:
+        """The newest publish or rollback in the history (its number and outcome), whoever made it."""
+        if entries is None:
+            entries = self._entries()
+        done = [e for e in entries or [] if e.outcome in ("published", "rolled-back")]
         return (done[-1].number, done[-1].outcome) if done else None
 
-    def _after_publishes(self) -> None:
+    def _after_publishes(self, entries: list[Entry] | None) -> None:
         """A publish or rollback ended (the daemon's, or `autotune publish`/`rollback` in another process):
         production restarted and served the canary, whose requests /metrics counts as production's. No
         window may span them: the watcher starts a new one at its next scrape, and the fingerprint of
         the old one is forgotten, so the next trigger judges users' traffic only (issue 15, item 3)."""
-        settled = self._last_settled()
+        if entries is None:  # unreadable this tick: nothing known to have changed
+            return
+        settled = self._last_settled(entries)
         if settled == self._settled:
             return
         self._settled = settled
@@ -285,6 +297,7 @@ class Daemon:
         self._write_tuning_study(name, path, fp, deployed)
         self.metrics.tunings.labels(trigger.split(":")[0].split(" ")[0]).inc()
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
+                  tuning_started=time.time(),
                   note=f"tuning {name}: {trigger}", tuned_fingerprint=self.state.tuned_fingerprint,
                   breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
         self._spawn()
@@ -337,22 +350,24 @@ class Daemon:
 
     def _finish_tuning(self, rc: int) -> None:
         st = self.state
-        done = dict(last_tuning_end=time.time(), tuned_fingerprint=self.fingerprint.to_json()
-                    if self.fingerprint else st.tuned_fingerprint)
-        if rc not in (0, 1):
-            try:
-                self._update_trials(StudyResult.load(self.study.storage, st.study_name))
-            except Exception:  # the study never started
-                self.metrics.set_trials({})
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name} failed (exit {rc}); see its log", **done)
+        result = self._tuning_result(st.study_name)
+        if result is not None:
+            self._update_trials(result)
+        else:
+            self.metrics.set_trials({})
+        measured = result is not None and any(r.state == TrialState.COMPLETE for r in result.records)
+        if rc not in (0, 1) or not measured:
+            self._no_verdict(rc, result)
             return
-        result = StudyResult.load(self.study.storage, st.study_name)
-        self._update_trials(result)
+        now = time.time()
+        done = dict(last_tuning_end=now, tuned_fingerprint=self.fingerprint.to_json()
+                    if self.fingerprint else st.tuned_fingerprint, empty_tunings=0, retry_at=0.0)
+        held = self._cooldown_text()
         prod_cap = production_capacity(result)
         if prod_cap is not None:
             self.metrics.production_capacity.set(prod_cap)
         if rc == 1 or result.remeasurement is None:
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs", **done)
+            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs{held}", **done)
             return
         self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
         moved = self._production_moved()
@@ -360,11 +375,11 @@ class Daemon:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
             self._set(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
                       f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
-                      "stale; `autotune retune` (or the next trigger) measures the one it runs now", **done)
+                      f"stale{held}; `autotune retune` measures the one it runs now", **done)
             return
         choice = choose(result)
         if choice.trial is None:
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why})",
+            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}",
                       **done)
             return
         winner, why = result.trial(choice.trial), choice.why
@@ -380,6 +395,37 @@ class Daemon:
             return
         self._set(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}", **done)
         self._job = self._pool.submit(self._publish, values, source)
+
+    def _tuning_result(self, name: str | None) -> StudyResult | None:
+        try:
+            return StudyResult.load(self.study.storage, name)
+        except Exception:  # the study never started
+            return None
+
+    def _cooldown_text(self) -> str:
+        """What a finished tuning means for the next trigger, said where its verdict is (the cooldown is hysteresis:
+        a trigger that keeps firing, the same drift, does not start a tuning back to back)."""
+        c = self.cfg.triggers.cooldown_s
+        return f"; triggers wait out the cooldown ({duration_text(c)}), `autotune retune` does not" if c > 0 else ""
+
+    def _no_verdict(self, rc: int, result: StudyResult | None) -> None:
+        """A tuning that reached no verdict (it failed, was interrupted, or measured no trial: every config
+        failed to start) tuned nothing: it does not start the cooldown nor count for the schedule, and the
+        traffic production's config is judged against stays. Its trigger is tried again after a backoff
+        (RETRY_S, doubling with each such tuning in a row, never longer than the cooldown), not every tick."""
+        st = self.state
+        n = st.empty_tunings + 1
+        wait = min(self.cfg.triggers.cooldown_s, RETRY_S * 2 ** min(n - 1, 16))
+        if rc not in (0, 1):
+            why = f"failed (exit {rc}); see its log {self.root / 'tunings' / f'{st.study_name}.log'}"
+        else:
+            counts = result.counts() if result is not None else {}
+            tried = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v) or "none"
+            why = f"measured nothing (trials: {tried})"
+        self._set(Phase.WATCHING, note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
+                  + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0
+                     else "its trigger may fire again"),
+                  empty_tunings=n, retry_at=time.time() + wait)
 
     def _stop_child(self) -> None:
         if self._child is not None:
@@ -417,12 +463,16 @@ class Daemon:
         what = f"entry {entry.number}" if entry is not None else f"trial {source.get('trial')} of {source.get('study')}"
 
         def phase(p: str) -> None:
-            self._set(Phase(p), note=f"{what} deployed; the canary runs" if p == "verifying"
-                      else f"{what} failed; putting the last good config back")
+            if p == "verifying":
+                self._set(Phase.VERIFYING, note=f"{what} deployed; the canary runs")
+            elif p == "rolling_back":
+                self._set(Phase.ROLLING_BACK, note=f"{what} failed; putting the last good config back")
+            else:  # a blue/green switch's later steps: switching, watching production
+                self._note(f"{what}: {p}")
 
         with PublishLock(self.root):
             return publish(self.target, values, self.history, self.canary(), source=source, entry=entry,
-                           on_phase=phase)
+                           on_phase=phase, verify=switch_verifier(self.cfg, self.target))
 
     def _publish_done(self) -> None:
         job, self._job = self._job, None
@@ -446,7 +496,9 @@ class Daemon:
             adopt(self.target, self.history)
             if self.history.open_entry() is not None:
                 try:
-                    result = recover(self.target, self.history, self.canary())
+                    # the canary is built when used: a blue/green switch is re-verified on /metrics instead
+                    result = recover(self.target, self.history, lambda url: self.canary()(url),
+                                     verify=switch_verifier(self.cfg, self.target))
                     self._note(f"recovered entry {result.entry.number}: {result.outcome}")
                 except AutotuneError as e:
                     self._note(f"could not recover the open publish: {e}")
@@ -456,10 +508,44 @@ class Daemon:
                 self.state = self.store.save(replace(self.state, phase=Phase.WATCHING, since=time.time()))
         self._history_metrics()
 
-    def _history_metrics(self) -> None:
-        """Publish and rollback metrics from the history: restored after a restart, and counting the rollbacks
-        `autotune rollback` made from another process."""
-        try:
-            self.metrics.from_history(self.history.entries())
-        except AutotuneError:  # a damaged entry: the history's own commands say which; metrics wait
-            pass
+    def _history_metrics(self, entries: list[Entry] | None = None) -> None:
+        """Publish and rollback metrics from the history (``entries``: as this tick read it; None: read it now):
+        restored after a restart, and counting the rollbacks `autotune rollback` made from another process;
+        production's capacity with them (``_production_capacity``)."""
+        if entries is None:
+            entries = self._entries()
+        if entries is None:  # a damaged entry: the history's own commands say which; metrics wait
+            return
+        self.metrics.from_history(entries)
+        cap = self._production_capacity(entries)
+        if cap is not None:
+            self.metrics.production_capacity.set(cap)
+
+    def _production_capacity(self, entries: list[Entry]) -> float | None:
+        """Production's config's capacity on staging, from the state directory alone (so a restart keeps it).
+
+        The config production runs is the newest adopted or published entry, or, after a rollback by hand,
+        the entry it went back to. If that entry predates the last finished tuning, the tuning measured it
+        as its `production` baseline: that measurement. If it came later (the tuning's own winner, or a
+        publish by hand), what its source says the tuning that found it measured. None: unknown (the gauge
+        keeps what it had).
+        """
+        good = [e for e in entries if e.outcome in ("adopted", "published")]
+        if not good:
+            return None
+        by_number, prod, seen = {e.number: e for e in entries}, good[-1], set()
+        while "rollback_to" in prod.source and prod.number not in seen:  # by hand: the config it restored
+            seen.add(prod.number)
+            back = by_number.get(prod.source["rollback_to"])
+            if back is None:
+                return None
+            prod = back
+        st = self.state
+        started = st.tuning_started or st.last_tuning_end  # a state file from before tuning_started: its end
+        if st.study_name and st.last_tuning_end and prod.time < started and st.phase is not Phase.TUNING:
+            if st.study_name not in self._capacities:  # a finished study does not change: read it once
+                result = self._tuning_result(st.study_name)
+                self._capacities[st.study_name] = production_capacity(result) if result is not None else None
+            return self._capacities[st.study_name]
+        cap = prod.source.get("capacity_rps")
+        return float(cap) if isinstance(cap, (int, float)) else None

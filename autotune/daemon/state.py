@@ -15,6 +15,17 @@ tuned, a sustained SLO breach, a schedule, or a request by hand; a cooldown afte
 tuning (hysteresis: a trigger that keeps firing does not restart tunings back to back) and
 the allowed time windows gate them. A request by hand (``autotune retune``) skips the cooldown,
 not the windows: it stays pending (its file stays) until the tuning it asks for starts.
+
+What starts the cooldown is a tuning that reached a verdict (``last_tuning_end``), whatever the
+verdict: a config published, one proposed, or nothing published because nothing beat production
+by more than the noise, no config met the SLOs, or production's config changed while it ran. Those
+measured production's traffic and said something about it; the cooldown after them is the
+hysteresis, and the journal line of the verdict says that triggers now wait it out. A tuning that
+reached no verdict (its child failed or was interrupted, or no trial measured anything: every
+config failed to start) tuned nothing: it leaves ``last_tuning_end`` and the tuned fingerprint as
+they were (no cooldown, the schedule still counts from the last real tuning), and its trigger is
+tried again after a backoff (``retry_at``; the daemon doubles it with each such tuning in a row,
+``empty_tunings``, up to the cooldown), so a broken staging never loops tunings back to back.
 """
 
 from __future__ import annotations
@@ -62,11 +73,14 @@ class DaemonState:
     study_name: str | None = None  # the tuning's Optuna study (resumed after a restart)
     study_file: str | None = None
     tunings: int = 0
+    tuning_started: float = 0.0  # wall clock when the current (or last) tuning started
     production_values: dict[str, Any] | None = None  # production's config when the tuning started: its baseline
     note: str = ""  # the last thing worth telling (systemd STATUS=, autotune status)
     scrape_error: str | None = None  # the last failed scrape of production, "URL: error" (kept once it works again)
     scrape_error_at: float = 0.0  # wall clock of it
     scrape_failing: bool = False  # production's metrics do not answer now
+    empty_tunings: int = 0  # tunings in a row that reached no verdict (see the module's docstring)
+    retry_at: float = 0.0  # wall clock: no trigger (but a request by hand) starts a tuning before it
 
     def to(self, phase: Phase, **changes: Any) -> DaemonState:
         if phase is not self.phase and phase not in ALLOWED[self.phase]:
@@ -176,6 +190,10 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
     if not manual and state.last_tuning_end and now - state.last_tuning_end < cooldown_s:
         left = cooldown_s - (now - state.last_tuning_end)
         return Decision(None, streak, waiting=f"{reason}; held by the cooldown for {duration_text(left)} more")
+    if not manual and state.retry_at and now < state.retry_at:
+        left = state.retry_at - now
+        return Decision(None, streak, waiting=f"{reason}; the last tuning reached no verdict, tried again in "
+                                              f"{duration_text(left)}")
     if not in_window:
         return Decision(None, streak, waiting=f"{reason}; held until a tuning window opens"
                         + (f" ({windows})" if windows else ""))

@@ -47,7 +47,7 @@ from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, 
 from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
 
-__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals", "raise_if_interrupted"]
+__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals", "stop_received", "raise_if_interrupted"]
 
 
 class EngineState(enum.Enum):
@@ -118,6 +118,11 @@ class _Signals:
     received: int | None = None  # the first stop signal
     raised = False
     sections = 0  # launches and stops under way
+
+
+def stop_received() -> int | None:
+    """The stop signal this process received (None: none yet), raised or still pending."""
+    return _Signals.received
 
 
 def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> None:

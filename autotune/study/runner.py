@@ -9,6 +9,13 @@ What Optuna is told, per failure class:
     stopped by the pruner              PRUNED, with the capacity reached so far as its last value
     invalid-args                       FAIL, and the study stops: a bug in the space, not a bad config
     port-in-use                        FAIL (TrialFailed): not the config's fault; samplers ignore FAIL trials
+    a stop signal came meanwhile       FAIL (Interrupted), whatever the measurement made of it: a resumed
+                                       study runs the trial's baseline again (``prepare``)
+
+A stop (``autotune daemon`` stopping its tuning, systemd signalling the whole cgroup) may reach the
+engine before it reaches us: the engine then reads as crashed, and a crashed baseline (PRUNED) counts
+as done, so production's own config would never be measured again on resume. ``_raise_if_stopped``
+after every measurement makes such a trial what it is: interrupted.
 
 Constraints are stored the legacy way (the sampler's ``constraints_func`` writes them to the
 trial's system attrs), which is what optuna-dashboard 0.21 shows; the capacity of a trial that
@@ -30,10 +37,10 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.engine import gpu
+from autotune.engine import gpu, launcher
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
-from autotune.errors import ConfigError, TrialFailed
+from autotune.errors import ConfigError, Interrupted, TrialFailed
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
@@ -48,6 +55,15 @@ __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
+
+
+def _raise_if_stopped() -> None:
+    """Raise Interrupted when a stop signal came during the measurement that just ended: pending (an event
+    loop ran when it came), or already raised once and lost on the way out of the measurement."""
+    launcher.raise_if_interrupted()
+    received = launcher.stop_received()
+    if received is not None:
+        raise Interrupted(received)
 
 
 def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -280,6 +296,7 @@ class StudyRun:
             requests_file=log_dir / "requests.jsonl",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
         )
+        _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         self._record_timing(trial, out, time.monotonic() - t0)
         self._upload(trial, out)
         if out.stopped_early:
@@ -391,6 +408,7 @@ class StudyRun:
                     log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, requests_file=log_dir / "requests.jsonl",
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
                 )
+                _raise_if_stopped()  # no verdict from an engine the stop killed
                 c.capacities.append(out.capacity_rps)
                 self.notice(f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s")
                 c.runs.append([s.to_json() for s in out.steps])

@@ -1,0 +1,63 @@
+"""``autotune_production_capacity_requests_per_second`` survives a daemon restart (issue 15, item 10).
+
+It comes back from the state directory alone: the last tuning's measurement of production's config
+while production still runs it, the winner's measurement once the daemon published it, and the
+tuning's measurement again after ``autotune rollback --to`` the config it measured. Production does
+not answer here (tests/test_daemon_decisions.py's file); the tuning's result is made up, as there.
+"""
+
+import time
+
+from prometheus_client import generate_latest
+
+from autotune.daemon.config import load_daemon_config
+from autotune.daemon.exporter import DaemonMetrics
+from autotune.daemon.loop import Daemon
+from autotune.daemon.state import DaemonState, Phase, StateStore
+from autotune.study.records import StudyResult
+from tests.test_daemon_decisions import daemon_file, entry, tie_with_production_one_run_each  # noqa: F401
+
+GAUGE = "autotune_production_capacity_requests_per_second"
+
+
+def _capacity(metrics: DaemonMetrics) -> str:
+    return next(line for line in generate_latest(metrics.registry).decode().splitlines() if line.startswith(GAUGE))
+
+
+def _restarted(path) -> tuple[Daemon, DaemonMetrics]:
+    metrics = DaemonMetrics()
+    d = Daemon(load_daemon_config(path), metrics=metrics)
+    d._resume()  # what `run` does first
+    return d, metrics
+
+
+def test_production_capacity_comes_back_after_a_restart(daemon_file, state_dir, monkeypatch):  # noqa: F811
+    path = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    t0 = time.time() - 3600
+    entry(root, 1, "adopted", {"max_num_seqs": 2}, time=t0)
+    # the last tuning (production measured 8.0 req/s on staging, one run) kept production's config
+    loads = []
+    monkeypatch.setattr(StudyResult, "load", classmethod(
+        lambda cls, storage, name: loads.append(name) or tie_with_production_one_run_each()))
+    StateStore(root).save(DaemonState(phase=Phase.WATCHING, since=t0 + 600, study_name="prod-tune-001", tunings=1,
+                                      tuning_started=t0 + 60, last_tuning_end=t0 + 600))
+
+    d, metrics = _restarted(path)
+    assert _capacity(metrics) == f"{GAUGE} 8.0", "the gauge is 0 after a restart"
+    d.tick()
+    d.tick()
+    assert _capacity(metrics) == f"{GAUGE} 8.0" and loads == ["prod-tune-001"]  # a finished study is read once
+
+    # the daemon published a later tuning's winner: production's capacity is the winner's, after a restart too
+    entry(root, 2, "published", {"max_num_seqs": 24}, time=t0 + 700,
+          source={"study": "prod-tune-002", "trial": 3, "capacity_rps": 11.1})
+    d.tick()
+    assert _capacity(metrics) == f"{GAUGE} 11.1"
+    d, metrics = _restarted(path)
+    assert _capacity(metrics) == f"{GAUGE} 11.1"
+
+    # `autotune rollback --to 1`: production runs the config the last tuning measured again
+    entry(root, 3, "published", {"max_num_seqs": 2}, time=t0 + 800, source={"rollback_to": 1, "by": "hand"})
+    d.tick()
+    assert _capacity(metrics) == f"{GAUGE} 8.0"
