@@ -234,7 +234,7 @@ def test_a_verification_that_fails_after_the_switch_switches_back(rig, tmp_path,
 STEPS = ["starting", "canary", "switching", "verifying", "retiring"]
 
 
-def daemon_config(target, nginx, desc, tmp_path, verify_window="4s"):
+def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=None, gpus=None):
     """A daemon config for the rig: blue-green production, the repo's vllm-sim staging study, nothing
     that would start a tuning on its own (no schedule, no tuned fingerprint to drift from)."""
     import tomli_w
@@ -247,8 +247,10 @@ def daemon_config(target, nginx, desc, tmp_path, verify_window="4s"):
         c = target.colors[name]
         production[name] = {"config": str(c.server.config_path), "url": c.url, "start": list(c.server.restart),
                             "stop": list(c.stop_argv)}
+        if gpus:
+            production[name]["gpus"] = gpus[name]
     data = {"slos": ["ttft<2s"], "state_dir": str(tmp_path / "state"), "production": production,
-            "staging": {"study": str(ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""},
+            "staging": {"study": str(staging or ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""},
             "watch": {"scrape_interval": "1s", "window": "10s"}, "triggers": {"every": "0"}}
     config = tmp_path / "d.toml"
     config.write_text(tomli_w.dumps(data))
@@ -344,3 +346,61 @@ def test_daemon_check_on_a_blue_green_production(rig, tmp_path):
     config.write_text(tomli_w.dumps(data))
     r = check()
     assert "[production.green].start: '/no/such/systemctl' is not an executable" in r.stderr
+
+
+def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig, tmp_path, tiny_model):
+    """Staging runs on the idle color's GPUs; `autotune rollback` during a tuning needs them: the daemon stops
+    the tuning (resumable), rolls back, and resumes it on the GPUs the rollback left idle."""
+    import tomllib
+
+    from autotune.daemon.config import load_daemon_config
+    from autotune.daemon.fingerprint import Fingerprint
+    from autotune.daemon.loop import Daemon
+    from autotune.daemon.state import Phase
+    from tests.test_daemon import STAGING
+
+    target, nginx, desc = rig
+    staging = tmp_path / "staging.toml"
+    staging.write_text(STAGING.format(root=tmp_path, python=sys.executable, port=free_port(), model=tiny_model))
+    config, history = daemon_config(target, nginx, desc, tmp_path, staging=staging, gpus={"blue": "0", "green": "1"})
+    # green serves entry 2; blue (GPU 0) is idle
+    result = publish(target, {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 96}, History(history),
+                     canary_for(tiny_model), verify=production_verifier(parse_slos(["ttft<2s"]), 1.0, min_requests=1000))
+    assert result.ok and target.live().name == "green"
+    d = Daemon(load_daemon_config(config))
+    try:
+        d._resume()
+        fp = Fingerprint(request_rate=2.0, prompt_tokens_mean=200, prompt_tokens_p50=200, prompt_tokens_p90=300,
+                         output_tokens_mean=16, output_tokens_p50=16, output_tokens_p90=24, prefix_cache_hit_rate=None,
+                         window_s=10, requests=20)
+        d._start_tuning("requested: by a test", fp)
+        study_file = Path(d.state.study_file)
+        assert tomllib.loads(study_file.read_text())["engine"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+        first_child = d._child
+        time.sleep(3)  # the tuning's staging engine starts on blue's GPUs
+        d.tick()
+        assert d.state.phase is Phase.TUNING and d._child is first_child
+        cli = subprocess.Popen([sys.executable, "-m", "autotune", "rollback", "--config", str(config), "--to", "1"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        notes = []
+        deadline = time.monotonic() + 120
+        while cli.poll() is None and time.monotonic() < deadline:
+            d.tick()
+            if not notes or notes[-1] != d.state.note:
+                notes.append(d.state.note)
+            time.sleep(0.3)
+        out, err = cli.communicate(timeout=10)
+        assert cli.returncode == 0, out + err
+        assert "the daemon pauses it and rolls back to entry 1" in err and "back on entry 1" in out
+        assert any("paused: a rollback by hand to entry 1 needs the idle GPUs" in n for n in notes), notes
+        d.tick()  # the tuning resumes: a new child on the study it stopped
+        assert d.state.phase is Phase.TUNING and d._child is not None and d._child is not first_child
+        assert "resumes on GPUs 1" in d.state.note
+        assert target.live().name == "blue" and not color_serving(target.colors["green"].url)
+        assert target.live().server.deployed()["max_num_seqs"] == 64
+        # staging follows the idle color: green's GPU now
+        assert tomllib.loads(study_file.read_text())["engine"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    finally:
+        d._stop_child()
+        d._pool.shutdown(wait=True)
+        d.watcher.close()

@@ -181,17 +181,49 @@ def cmd_publish(a: argparse.Namespace) -> int:
 
 def cmd_rollback(a: argparse.Namespace) -> int:
     from autotune.daemon.production import build_target
+    from autotune.daemon.state import Phase
     from autotune.publish.transaction import PublishLock, rollback, rollback_choice
 
     if a.to is not None and a.to < 1:
         raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; "
                           "autotune history lists them")
-    cfg, root, _, history = _daemon_parts(a, need_state=False)
+    cfg, root, store, history = _daemon_parts(a, need_state=False)
+    target = build_target(cfg)
+    shares_gpus = getattr(target, "idle_gpus", lambda: None)() is not None
+    if shares_gpus and store.path.is_file() and store.load().phase is Phase.TUNING:
+        # blue/green whose idle GPUs a tuning holds: the daemon pauses it, rolls back, and resumes it
+        good = rollback_choice(history, a.to)
+        return _rollback_by_daemon(a, store, history, good.number)
     with PublishLock(root):
         good = rollback_choice(history, a.to)
-        entry = rollback(build_target(cfg), history, a.to)
+        entry = rollback(target, history, a.to)
     if entry is None:
         print(f"autotune: production already runs entry {good.number}'s config: nothing changed, nothing restarted")
         return EXIT_OK
     print(f"autotune: production is back on entry {entry.source['rollback_to']} (recorded as entry {entry.number})")
     return EXIT_OK
+
+
+def _rollback_by_daemon(a: argparse.Namespace, store, history, to: int) -> int:
+    before = history.entries()[-1].number if history.entries() else 0
+    store.request_rollback(to)
+    print(f"autotune: a tuning holds the idle GPUs; the daemon pauses it and rolls back to entry {to}",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + float(getattr(a, "timeout", None) or APPROVAL_WAIT_S)
+    while store.rollback_request() is not None or _busy(store):
+        if time.monotonic() >= deadline:
+            print(f"autotune: the daemon has not rolled back yet (is the daemon with {a.config} running? the request "
+                  "stays until it does; autotune status shows how it goes)", file=sys.stderr)
+            return EXIT_SLO_MISS
+        time.sleep(POLL_S)
+    after = [e for e in history.entries() if e.number > before]
+    if not after:
+        print(f"autotune: production already runs entry {to}'s config: nothing changed, nothing restarted")
+        return EXIT_OK
+    print(f"autotune: production is back on entry {to} (recorded as entry {after[-1].number})")
+    return EXIT_OK
+
+
+def _busy(store) -> bool:
+    """The daemon is still on the rollback it took (its note says the tuning is paused)."""
+    return "paused: a rollback" in store.load().note

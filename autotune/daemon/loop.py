@@ -47,12 +47,12 @@ from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide, duration_text
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import TuningChild, choose, production_capacity, write_tuning_study
+from autotune.daemon.tuning import TuningChild, choose, move_to_gpus, production_capacity, write_tuning_study
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
-from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, same_config, tidy
+from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, rollback, same_config, tidy
 from autotune.study.definition import load_study
 from autotune.study.records import StudyResult
 
@@ -303,9 +303,16 @@ class Daemon:
         self._spawn()
 
     def _write_tuning_study(self, name: str, path: Path, fp: Fingerprint, deployed: dict[str, Any] | None) -> None:
+        gpus = self._idle_gpus()
         write_tuning_study(self.cfg.staging_study, self.study, path, name=name, slos=[x.text for x in self.cfg.slos],
                            fingerprint=fp, seed=self.state.tunings, deployed=deployed,
-                           prefix=f"{self.cfg.name}-tune-", trace=self.cfg.staging_trace)
+                           prefix=f"{self.cfg.name}-tune-", trace=self.cfg.staging_trace,
+                           engine_env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None)
+
+    def _idle_gpus(self) -> str | None:
+        """Blue/green with GPUs per color: the idle color's, where staging runs (None: staging has its own)."""
+        idle_gpus = getattr(self.target, "idle_gpus", None)
+        return idle_gpus() if idle_gpus is not None else None
 
     def _production_moved(self) -> str | None:
         """When production's deployed config is no longer the one the running tuning measured as its
@@ -327,8 +334,15 @@ class Daemon:
         self._child = TuningChild(self.autotune, Path(st.study_file), self.root / "tunings" / f"{st.study_name}.log")
 
     def _tuning(self) -> None:
+        if self._job is not None:  # paused: a rollback by hand holds the idle GPUs
+            if not self._job.done():
+                return
+            self._rollback_done()
+        elif self.store.rollback_request() is not None:
+            self._pause_for_rollback(self.store.rollback_request())
+            return
         if self._child is None:
-            self._spawn()  # the daemon restarted mid-tuning: the study resumes from its storage
+            self._spawn()  # the daemon restarted mid-tuning (or a pause ended): the study resumes from its storage
             return
         self._update_trials()
         rc = self._child.poll()
@@ -430,6 +444,34 @@ class Daemon:
     def _stop_child(self) -> None:
         if self._child is not None:
             self._child.stop()
+
+    def _pause_for_rollback(self, to: int) -> None:
+        """`autotune rollback` during a tuning on a blue/green production whose idle GPUs staging uses: stop
+        the tuning (its study stays resumable), roll back on the publish thread, resume the tuning after."""
+        # the note first: `autotune rollback` waits while the request is there or the note says paused
+        self._note(f"tuning {self.state.study_name} paused: a rollback by hand to entry {to} needs the idle GPUs")
+        self._stop_child()
+        self._child = None
+        self._job = self._pool.submit(self._rollback, to)
+        self.store.clear_rollback_request()
+
+    def _rollback(self, to: int) -> Entry | None:
+        with PublishLock(self.root):
+            return rollback(self.target, self.history, to)
+
+    def _rollback_done(self) -> None:
+        job, self._job = self._job, None
+        try:
+            entry = job.result()
+            done = (f"production is back on entry {entry.source['rollback_to']} (entry {entry.number})"
+                    if entry is not None else "production already ran that config: nothing changed")
+        except AutotuneError as e:
+            done = f"the rollback failed: {e}"
+        self._history_metrics()
+        gpus = self._idle_gpus()
+        if gpus and self.state.study_file:
+            move_to_gpus(Path(self.state.study_file), gpus)  # the colors may have swapped: staging follows the idle one
+        self._note(f"{done}; tuning {self.state.study_name} resumes" + (f" on GPUs {gpus}" if gpus else ""))
 
     # -- approval and publishing -------------------------------------------------------------
 

@@ -103,6 +103,7 @@ class StateStore:
         self.path = self.root / "state.json"
         self.retune_flag = self.root / "retune-requested"
         self.approval_flag = self.root / "publish-approved"
+        self.rollback_flag = self.root / "rollback-requested"
 
     def load(self) -> DaemonState:
         if not self.path.is_file():
@@ -142,6 +143,20 @@ class StateStore:
 
     def clear_approval(self) -> None:
         self.approval_flag.unlink(missing_ok=True)
+
+    def request_rollback(self, to: int) -> None:
+        """``autotune rollback`` while a tuning holds the GPUs the rollback needs (blue/green): the daemon
+        pauses the tuning, rolls back to entry ``to`` on its loop, and resumes the tuning."""
+        atomic_write(self.rollback_flag, f"{to}\n")
+
+    def rollback_request(self) -> int | None:
+        try:
+            return int(self.rollback_flag.read_text(encoding="utf-8", errors="replace").strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def clear_rollback_request(self) -> None:
+        self.rollback_flag.unlink(missing_ok=True)
 
     def take_retune_request(self) -> str | None:
         reason = self.retune_request()

@@ -40,7 +40,7 @@ WARM_TOP = 3  # and never more than this many
 
 def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, name: str, slos: list[str],
                        fingerprint: Fingerprint, seed: int, deployed: dict[str, Any] | None,
-                       prefix: str, trace: Path | None = None) -> Path:
+                       prefix: str, trace: Path | None = None, engine_env: dict[str, str] | None = None) -> Path:
     """The staging study with production's traffic (``trace``, or synthesized from ``fingerprint``) and
     production's config and earlier winners (studies named ``prefix``*) as baselines."""
     mml = staging.fixed.values.get("max_model_len")
@@ -60,7 +60,21 @@ def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, 
         baselines[f"earlier-{i + 1}"] = values
     return derive_study(template, path, name=name, storage=staging.storage, runs_dir=staging.runs_dir, slos=slos,
                         trace=trace, tokenizer=staging.workload.tokenizer,
-                        step_duration=f"{max(workload.span_s / 2, 10):.0f}s", baselines=baselines)
+                        step_duration=f"{max(workload.span_s / 2, 10):.0f}s", baselines=baselines,
+                        engine_env=engine_env)
+
+
+def move_to_gpus(study_file: Path, gpus: str) -> None:
+    """Point a tuning's study file at other GPUs ([engine.env] CUDA_VISIBLE_DEVICES): after a blue/green
+    rollback swapped which color is idle, the resumed tuning runs on the new idle color's GPUs."""
+    import tomli_w
+
+    from autotune.configfile import read_toml
+    from autotune.locations import atomic_write
+
+    data = read_toml(study_file, "tuning study")
+    data.setdefault("engine", {}).setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = gpus
+    atomic_write(study_file, tomli_w.dumps(data))
 
 
 def _norm(values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -19,6 +19,10 @@
     test = []                              # systemd/nginx-reload-tested.conf runs nginx -t on reload
     reload = ["systemctl", "--no-ask-password", "reload", "nginx.service"]
 
+With ``gpus = "1"`` on each color (its unit's CUDA_VISIBLE_DEVICES), the idle color's GPUs are the
+staging engine's between publishes: the daemon runs each tuning there, and a rollback by hand during
+a tuning pauses it (the study is interrupted, resumable) while the rollback needs those GPUs.
+
 Which color is live is what the proxy's upstream file says, nothing else: after any crash, the
 file is the truth and the transaction (transaction.py) makes the rest agree with it. The idle
 color runs only during a publish (and, for a few minutes after the switch, the old color, still
@@ -32,6 +36,7 @@ production's SLOs over ``verify_window``, stop the old color.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Mapping
@@ -63,6 +68,7 @@ class Color:
     name: str
     server: VllmConfigTarget  # its YAML, its start command (the ``restart`` there) and its own URL
     stop_argv: tuple[str, ...]
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES of its unit: staging runs there while it is idle
 
     @property
     def url(self) -> str:
@@ -115,8 +121,11 @@ class BlueGreenTarget:
         colors: dict[str, Color] = {}
         for name in COLORS:
             c = t.table(name, required=True)
-            c.only(("config", "url", "start", "stop"))
+            c.only(("config", "url", "start", "stop", "gpus"))
             config, color_url = c.string("config"), c.string("url")
+            gpus = c.string("gpus", None)
+            if gpus is not None and not re.fullmatch(r"\d+(,\d+)*", gpus):
+                raise c.wrong("gpus", "the color's CUDA_VISIBLE_DEVICES, e.g. \"0\" or \"2,3\"")
             start, stop = c.strings("start"), c.strings("stop")
             for key, argv in (("start", start), ("stop", stop)):
                 if not argv:
@@ -128,7 +137,7 @@ class BlueGreenTarget:
                 flags = engine.flag_table(["vllm"])
             server = VllmConfigTarget(Path(config), model, tuple(start), color_url.rstrip("/"), flags,
                                       health_timeout_s=health, restart_timeout_s=health + 120, engine=engine)
-            colors[name] = Color(name, server, tuple(stop))
+            colors[name] = Color(name, server, tuple(stop), gpus)
         if colors["blue"].backend == colors["green"].backend:
             raise ConfigError(f"{where}: blue and green have the same address {colors['blue'].backend}: give each "
                               "its own port (and GPUs)")
@@ -147,6 +156,10 @@ class BlueGreenTarget:
         have = ", ".join(f"{c.name} {c.backend}" for c in self.colors.values())
         raise PublishError(f"the proxy's upstream names {backend or 'no server'}, neither color ({have}): write "
                            f"`server {self.colors['blue'].backend};` into it for blue, then reload the proxy")
+
+    def idle_gpus(self) -> str | None:
+        """The GPUs no color serves from now: where staging runs between publishes (None: not shared)."""
+        return self.other(self.live()).gpus
 
     def other(self, color: Color) -> Color:
         return next(c for c in self.colors.values() if c is not color)
