@@ -1,13 +1,10 @@
 """A blue/green production for tests: real nginx (systemd/nginx-autotune.conf, the shipped snippet) in front of
 two vllm-sim instances started and stopped by tests/fixtures/sim_service.py (the stand-in for systemctl).
-
-Also a command (``python -m tests.bluegreen_rig publish|recover RIG.json``) that runs one publish or one
-recovery the way the daemon does, so a test can SIGKILL it at any step and start it again.
+scripts/bench_publish.py uses it too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -152,35 +149,3 @@ def color_serving(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _main() -> int:
-    """publish|recover RIG.json HISTORY VALUES.json SLO... : what the daemon does, in a process a test can kill."""
-    from autotune.daemon.production import production_verifier
-    from autotune.measure.replay import ReplayOptions
-    from autotune.measure.slo import parse_slos
-    from autotune.publish.canary import replay_canary
-    from autotune.publish.history import History
-    from autotune.publish.transaction import publish, recover
-    from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
-    from autotune.workload.synth import SCENARIOS, synthesize
-
-    verb, rig_file, history_dir, values_file, *slo_texts = sys.argv[1:]
-    rig = json.loads(Path(rig_file).read_text())
-    target = make_target(rig)
-    slos = parse_slos(slo_texts)
-    w = synthesize(SCENARIOS["high-concurrency"].with_overrides(output_tokens=(8, 16)), rate=4, num_requests=8, seed=1)
-    w = materialize(w, PromptBuilder(load_tokenizer(rig["tokenizer"])), seed=1)
-    canary = replay_canary(w, slos, ReplayOptions(warmup_requests=0))
-    verify = production_verifier(slos, target.verify_window_s, min_requests=rig.get("min_requests", 5))
-    history = History(Path(history_dir))
-    if verb == "publish":
-        result = publish(target, json.loads(Path(values_file).read_text()), history, canary, verify=verify)
-    else:
-        result = recover(target, history, canary, verify=verify)
-    print(json.dumps(None if result is None else {"outcome": result.outcome, "reason": result.entry.reason}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

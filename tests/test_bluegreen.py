@@ -234,7 +234,7 @@ def test_a_verification_that_fails_after_the_switch_switches_back(rig, tmp_path,
 STEPS = ["starting", "canary", "switching", "verifying", "retiring"]
 
 
-def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=None, gpus=None):
+def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=None, gpus=None, canary_requests=60):
     """A daemon config for the rig: blue-green production, the repo's vllm-sim staging study, nothing
     that would start a tuning on its own (no schedule, no tuned fingerprint to drift from)."""
     import tomli_w
@@ -251,65 +251,79 @@ def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=Non
             production[name]["gpus"] = gpus[name]
     data = {"slos": ["ttft<2s"], "state_dir": str(tmp_path / "state"), "production": production,
             "staging": {"study": str(staging or ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""},
-            "watch": {"scrape_interval": "1s", "window": "10s"}, "triggers": {"every": "0"}}
+            "watch": {"scrape_interval": "1s", "window": "10s"}, "triggers": {"every": "0"},
+            "tuning": {"canary_requests": canary_requests}, "publish": {"approval": True}}
     config = tmp_path / "d.toml"
     config.write_text(tomli_w.dumps(data))
     return config, tmp_path / "state" / "daemon" / "production" / "history"
 
 
 @pytest.mark.parametrize("step", STEPS)
-def test_a_publisher_killed_at_a_step_is_recovered_by_the_daemon_to_one_color_serving(rig, tmp_path, tiny_model,
-                                                                                      step):
+def test_a_daemon_killed_at_a_step_of_the_switch_resumes_to_one_color_serving(rig, tmp_path, tiny_model, step):
+    """The daemon publishes an approved proposal; SIGKILL once the history says it began ``step``; a new
+    daemon finds the open publish and settles it: one color serving, nginx on it, the history saying which."""
+    from autotune.daemon.fingerprint import Fingerprint
+    from autotune.daemon.state import DaemonState, Phase, StateStore
+
     target, nginx, desc = rig
-    config, history = daemon_config(target, nginx, desc, tmp_path)
-    desc = {**desc, "verify_window": 4.0, "min_requests": 1}
-    (tmp_path / "rig.json").write_text(json.dumps(desc))
-    values = tmp_path / "values.json"
-    values.write_text(json.dumps({**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 96}))
-    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=25)
-    # the publish the daemon would run (tests/bluegreen_rig.py: publish() with the daemon's canary and
-    # verification), in a process killed with SIGKILL once the history says it began `step`
-    argv = [sys.executable, "-m", "tests.bluegreen_rig", "publish", str(tmp_path / "rig.json"), str(history),
-            str(values), "ttft<2s"]
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            entries = History(history).entries()
-            sw = entries[-1].switch if entries else None
-            if sw and sw.get("step") == step:
-                break
-            assert p.poll() is None, p.stdout.read().decode()[-2000:]
-            time.sleep(0.02)
-        else:
-            raise AssertionError(f"never reached step {step}")
-        os.kill(p.pid, signal.SIGKILL)  # the publisher only: what it started (colors, nginx) lives on
-    finally:
-        p.wait(10)
-    assert History(history).open_entry() is not None
-    # the daemon starts: it finds the open publish and settles it before anything else
-    d = subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "--config", str(config)], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    config, history_dir = daemon_config(target, nginx, desc, tmp_path, canary_requests=8)
+    history = History(history_dir)
+    blue_values = target.colors["blue"].server.deployed()
+    history.add("adopted", blue_values, source={"target": "blue-green"})
+    proposal = history.add("proposed", {**blue_values, "max_num_seqs": 96}, source={"study": "t", "trial": 1})
+    # what a tuning leaves behind in approval mode: the traffic it was tuned for (the canary imitates it),
+    # the proposal waiting, and a person's approval
+    fp = Fingerprint(request_rate=4.0, prompt_tokens_mean=200, prompt_tokens_p50=200, prompt_tokens_p90=300,
+                     output_tokens_mean=12, output_tokens_p50=12, output_tokens_p90=16, prefix_cache_hit_rate=None,
+                     window_s=10, requests=40)
+    store = StateStore(history_dir.parent)
+    store.save(DaemonState(phase=Phase.AWAITING_APPROVAL, since=time.time(), tuned_fingerprint=fp.to_json(),
+                           tunings=1, study_name="t", note=f"entry {proposal.number} waits"))
+    store.approve(proposal.number)
+    traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=30)
+
+    def start_daemon(log: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "--config", str(config)], cwd=ROOT,
+                                stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    first = start_daemon("daemon-1.log")
     try:
         deadline = time.monotonic() + 90
-        while History(history).open_entry() is not None:
-            assert d.poll() is None and time.monotonic() < deadline, "the daemon did not settle the publish"
+        while time.monotonic() < deadline:
+            sw = history.get(proposal.number).switch
+            if sw and sw.get("step") == step:
+                break
+            assert first.poll() is None, (tmp_path / "daemon-1.log").read_text()[-2000:]
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"never reached step {step}: {(tmp_path / 'daemon-1.log').read_text()[-2000:]}")
+        os.kill(first.pid, signal.SIGKILL)  # the daemon only: what it started (colors, nginx) lives on
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+    assert history.get(proposal.number).outcome == "pending"
+    second = start_daemon("daemon-2.log")
+    try:
+        deadline = time.monotonic() + 90
+        while history.get(proposal.number).outcome == "pending":
+            assert second.poll() is None and time.monotonic() < deadline, (tmp_path / "daemon-2.log").read_text()
             time.sleep(0.2)
         time.sleep(1.0)  # a tick after the recovery
     finally:
-        d.send_signal(signal.SIGTERM)
-        journal = d.communicate(timeout=30)[0].decode()
-    assert d.returncode == 0, journal
+        second.send_signal(signal.SIGTERM)
+        second.wait(30)
+    journal = (tmp_path / "daemon-2.log").read_text()
+    assert second.returncode == 0, journal
     seen = traffic.result()
-    entry = History(history).entries()[-1]
-    assert entry.outcome in ("published", "rolled-back"), entry
+    entry = history.get(proposal.number)
     assert f"recovered entry {entry.number}: {entry.outcome}" in journal, journal
+    assert store.load().phase is Phase.WATCHING
     live = target.live()
     other = target.other(live)
     assert color_serving(live.url) and not color_serving(other.url)  # one color serving, the other stopped
     assert httpx.get(f"{nginx.url}/health").headers["X-Autotune-Upstream"] == live.backend
-    good = History(history).last_good()
-    assert live.server.deployed()["max_num_seqs"] == good.values["max_num_seqs"]  # the history says which
+    assert live.server.deployed()["max_num_seqs"] == history.last_good().values["max_num_seqs"]
     if step in ("starting", "canary"):
         assert entry.outcome == "rolled-back" and live.name == "blue"
     else:
