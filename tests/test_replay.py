@@ -117,13 +117,15 @@ def test_chat_api(server):
 
 
 def test_open_loop_does_not_wait_for_earlier_requests(server):
-    # each request takes ~40 + 9*10 = 130 ms; they arrive every 20 ms
-    rep = run_replay(server, workload(10, 0.02, out=10), ReplayOptions(warmup_requests=0))
+    # each request takes ~40 + 39*10 = 430 ms; they arrive every 20 ms: request 5 is due 330 ms before
+    # request 0 can end, a margin no VM stall of a few hundred ms closes
+    rep = run_replay(server, workload(10, 0.02, out=40), ReplayOptions(warmup_requests=0))
     sends = [r.sent_s for r in rep.results]
     ends = [r.end_s for r in rep.results]
     assert sends[5] < ends[0]  # request 5 left before request 0 finished
     assert [r.scheduled_s for r in rep.results] == pytest.approx([i * 0.02 for i in range(10)])
-    assert max(r.sent_s - r.scheduled_s for r in rep.results) < 0.1
+    # sent on time: the median lag (one stalled send does not move it; a closed loop would: ~130 ms each)
+    assert statistics.median(r.sent_s - r.scheduled_s for r in rep.results) < 0.05
 
 
 def test_load_factor_scales_arrivals(server):

@@ -11,6 +11,7 @@ import itertools
 import json
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -476,9 +477,11 @@ def test_tokens_come_in_real_time(sim):
             if line.startswith("data: {"):
                 stamps.append(time.monotonic())
     assert len(stamps) == n
-    mean_gap = (stamps[-1] - stamps[0]) / (n - 1)
-    print(f"decode step {expected * 1e3:.2f} ms, measured {mean_gap * 1e3:.2f} ms")
-    assert 0.85 * expected < mean_gap < 1.6 * expected, (mean_gap, expected)
+    # the median gap: a VM stall of the server or of this client lands in one or two gaps, which the median
+    # ignores, while a step model or a real-time loop that drifted moves every gap
+    median_gap = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+    print(f"decode step {expected * 1e3:.2f} ms, measured median gap {median_gap * 1e3:.2f} ms")
+    assert 0.85 * expected < median_gap < 1.6 * expected, (median_gap, expected)
 
 
 def sim_model_dir(sim: Sim) -> Path:
