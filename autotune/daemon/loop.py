@@ -312,7 +312,11 @@ class Daemon:
     def _idle_gpus(self) -> str | None:
         """Blue/green with GPUs per color: the idle color's, where staging runs (None: staging has its own)."""
         idle_gpus = getattr(self.target, "idle_gpus", None)
-        return idle_gpus() if idle_gpus is not None else None
+        try:
+            return idle_gpus() if idle_gpus is not None else None
+        except AutotuneError as e:  # the proxy's file names neither color: say so, keep staging's own GPUs
+            self._note(f"cannot tell which color is idle ({e}); the tuning keeps the staging study's GPUs")
+            return None
 
     def _production_moved(self) -> str | None:
         """When production's deployed config is no longer the one the running tuning measured as its

@@ -103,14 +103,16 @@ class BlueGreenTarget:
 
     @classmethod
     def check_settings(cls, table: Mapping[str, Any], where: str) -> None:
-        cls._parse("http://check", table, where)
+        cls._parse("http://check", table, where, build=False)
 
     @classmethod
     def from_settings(cls, url: str, table: Mapping[str, Any], where: str) -> BlueGreenTarget:
-        return cls._parse(url, table, where)
+        return cls._parse(url, table, where, build=True)
 
     @classmethod
-    def _parse(cls, url: str, table: Mapping[str, Any], where: str) -> BlueGreenTarget:
+    def _parse(cls, url: str, table: Mapping[str, Any], where: str, build: bool) -> BlueGreenTarget:
+        """The target, or (``build=False``, at config load) only the checks: vLLM's flag table is read
+        when a target is built, not when a config file is checked."""
         t = Table(table, where)
         t.only(_KEYS)
         model = t.string("model")
@@ -133,9 +135,9 @@ class BlueGreenTarget:
                                        f"\"vllm@{name}.service\"]")
             if urlsplit(color_url).port is None:
                 raise c.wrong("url", "the color's own URL with its port, e.g. \"http://127.0.0.1:8001\"")
-            if flags is None:
+            if flags is None and build:
                 flags = engine.flag_table(["vllm"])
-            server = VllmConfigTarget(Path(config), model, tuple(start), color_url.rstrip("/"), flags,
+            server = VllmConfigTarget(Path(config), model, tuple(start), color_url.rstrip("/"), flags,  # type: ignore[arg-type]
                                       health_timeout_s=health, restart_timeout_s=health + 120, engine=engine)
             colors[name] = Color(name, server, tuple(stop), gpus)
         if colors["blue"].backend == colors["green"].backend:
