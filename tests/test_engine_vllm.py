@@ -129,6 +129,8 @@ def test_launcher_killed_mid_run_leaves_nothing_after_next_run(tiny_model, vllm_
                  "--", "--max-num-seqs", "4", "--max-num-batched-tokens", "2",
                  env={"AUTOTUNE_STATE_DIR": str(state_dir)})
     assert r.returncode == 2, r.stdout + r.stderr
+    refused = [x for x in r.stderr.splitlines() if x.startswith("autotune: the engine refused its args: ")]
+    assert len(refused) == 1, r.stderr  # bad usage, as the README says: one line on stderr and exit 2
     nxt = json.loads((tmp_path / "next.json").read_text())
     assert nxt["failure_class"] == "invalid-args"
     assert "max_num_seqs" in nxt["failure"]["summary"] or "max_num_seqs" in nxt["failure"]["excerpt"]

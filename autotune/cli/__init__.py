@@ -247,6 +247,8 @@ def _finish(result, a: argparse.Namespace) -> int:
         a.requests_json.parent.mkdir(parents=True, exist_ok=True)
         a.requests_json.write_text("".join(json.dumps(r) + "\n" for r in result.requests_json()))
     if result.failure is not None and result.failure.failure_class is FailureClass.INVALID_ARGS:
+        # bad usage caught by the engine, not by our own flag check: the same one line and exit 2
+        print(f"autotune: the engine refused its args: {result.failure.summary}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK if result.slos_hold else EXIT_SLO_MISS
 
