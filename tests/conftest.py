@@ -40,6 +40,27 @@ def state_dir(tmp_path, monkeypatch) -> Path:
     return d
 
 
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started (its session's process
+    group): SIGTERM, then SIGKILL after ``grace``. For teardowns: whatever the test did, nothing it started lives."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; children that ignored SIGTERM may not be: the group gets the next signal too
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+
+
 def free_port() -> int:
     import socket
 
@@ -51,7 +72,6 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def vllm_sim(tiny_model, tmp_path_factory):
     """A simulated Llama-3.1-8B on an H100 (vllm-sim, start-up time x 0.01) for a module's tests; its URL."""
-    import signal
     import time
 
     import httpx
@@ -61,7 +81,8 @@ def vllm_sim(tiny_model, tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotune.sim.cli", "--gpu", "h100-80gb", "--time-scale", "0.01", "serve",
          "llama-3.1-8b", "--port", str(port), "--tokenizer", str(tiny_model)],
-        cwd=ROOT, stdout=(logs / "out.log").open("wb"), stderr=(logs / "err.log").open("wb"), stdin=subprocess.DEVNULL)
+        cwd=ROOT, stdout=(logs / "out.log").open("wb"), stderr=(logs / "err.log").open("wb"), stdin=subprocess.DEVNULL,
+        start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -76,12 +97,7 @@ def vllm_sim(tiny_model, tmp_path_factory):
             time.sleep(0.1)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc, grace=5.0)
 
 
 # -- no process outlives the run ----------------------------------------------------------------------

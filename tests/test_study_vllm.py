@@ -15,7 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import free_port
+from tests.conftest import free_port, stop_group
 
 # the study below runs ~10 engine starts; on a busy 2-core host that takes longer than the default 600 s
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -153,7 +153,7 @@ def test_report_and_dashboard_show_the_study(finished_study):
 
     port = free_port()
     dash = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", str(path), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -178,5 +178,4 @@ def test_report_and_dashboard_show_the_study(finished_study):
         body = httpx.get(f"{base}/artifacts/{sid}/{good['trial_id']}/{art['artifact_id']}", timeout=10).text
         assert json.loads(body.splitlines()[0])["success"] is True
     finally:
-        dash.terminate()
-        dash.wait()
+        stop_group(dash)  # autotune dashboard and the optuna-dashboard it serves with, whatever happened above
