@@ -99,6 +99,7 @@ def test_publish_approve_waits_while_the_daemon_publishes_and_verifies_on_its_lo
     assert f"autotune: entry {n} approved; waiting for the daemon to publish it" in err, err
     assert out.strip().splitlines()[-1].startswith(f"autotune: entry {n}: published"), out
     assert d.history.get(n).outcome == "published"
+    assert d.history.get(n).source["approved"] == "by hand"  # the history says who decided
     assert prod.restarts() == restarts + 1 and "max-num-seqs: 32" in prod.config.read_text()
     assert d.store.approval() is None
     print(f"users: {users.failed} of {users.sent} requests failed")

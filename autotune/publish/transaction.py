@@ -96,8 +96,8 @@ def publish(target: Target, values: Mapping[str, Any], history: History, canary:
     values = target.production_values(tidy(values))
     if entry is None:
         entry = history.add("pending", values, source=dict(source or {}))
-    else:  # an approved proposal
-        entry = history.settle(entry, "pending")
+    else:  # an approved proposal: its source, and what the approver added ("approved": "by hand")
+        entry = history.settle(entry, "pending", source={**entry.source, **dict(source or {})})
     if isinstance(target, BlueGreenTarget):
         return _switch(target, entry, history, canary, verify or canary, on_phase)
     try:
