@@ -436,3 +436,36 @@ def test_a_request_record_carries_its_tpot():
     assert j["tpot"] == r.tpot == pytest.approx(0.03)
     assert set(j) == {"index", "scheduled_s", "sent_s", "success", "error", "ttft", "itl", "e2e", "prompt_tokens",
                       "output_tokens", "expected_output_tokens", "elapsed", "tpot"}
+
+
+def test_a_step_states_the_rate_it_offers_not_its_few_arrivals(tmp_path):
+    """Short steps of a Poisson trace: 5 arrivals can span 0.6 s or 2.4 s, so their own mean rate is noise
+    (a daemon soak measured a step at load 2 as 3.7 req/s and the one at load 1 as 7.0, and ranked a config
+    that passed both below one that passed only the first). A step offers the base rate x its load."""
+    import json
+    import random
+
+    from autotune.measure.session import _run_steps
+    from autotune.workload.source import LoadSteps, WorkloadSpec
+
+    rng, t, lines = random.Random(3), 0.0, []
+    for i in range(200):
+        t += rng.expovariate(2.5)
+        lines.append(json.dumps({"arrival_s": round(t, 4), "prompt": f"request {i}", "output_tokens": 4}))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    steps = LoadSteps(WorkloadSpec(trace=trace), duration_s=2.0)
+    base = steps.base.rate
+    sampled = {load: steps.at(load).rate for load in (1.0, 2.0, 4.0)}
+    assert any(abs(r / (base * load) - 1) > 0.2 for load, r in sampled.items()), sampled  # the noise is real here
+    assert [steps.at(load).load_rate for load in (1.0, 2.0, 4.0)] == pytest.approx([base, 2 * base, 4 * base])
+
+    def passes_all(workload, options):
+        results = [done(i, r.arrival_s) for i, r in enumerate(workload.requests)]
+        return fake_replay(results), None
+
+    out = Outcome("u")
+    _run_steps(out, passes_all, steps.at, parse_slos(["ttft<1s"]), Ladder(1.0, 3, 1.25), ReplayOptions(),
+               lambda _: None, lambda _: False)
+    assert [s.rate for s in out.steps] == pytest.approx([base, 2 * base, 4 * base])
+    assert out.capacity_rps == pytest.approx(4 * base)  # the highest load that passed, stated as it was offered

@@ -105,7 +105,8 @@ def test_best_config_files(tmp_path):
         "capacity_rps": 12.5})
     paths = write_best(TrialRecord.of(t), "m", get_kind("vllm"), tmp_path)
     text = paths["config"].read_text()
-    assert yaml.safe_load(text) == {"model": "m", "max-num-seqs": 64, "enable-prefix-caching": False}
+    # a false boolean as vLLM's serve --config reads it (it drops `key: false`, vllm-project/vllm#51401)
+    assert yaml.safe_load(text) == {"model": "m", "max-num-seqs": 64, "no-enable-prefix-caching": True}
     assert "load_format dummy" in text and "VLLM_CACHE_ROOT='/var/cache/x y'" in text  # said, not configured
     cmd = paths["command"].read_text()
     assert "exec env VLLM_CACHE_ROOT='/var/cache/x y' vllm serve m --port 8100" in cmd

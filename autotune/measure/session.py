@@ -188,7 +188,7 @@ def replay_on(engine: Engine, workload: Workload, options: ReplayOptions,
 
 def _step(load: float, workload: Workload, replay: Replay, slos: list[SLO], seconds: float) -> Step:
     summary = summarize(replay.results, slos)
-    return Step(load, workload.rate, summary, summary.verdicts(slos), seconds, replay.results, replay.model,
+    return Step(load, workload.load_rate, summary, summary.verdicts(slos), seconds, replay.results, replay.model,
                 replay.warmup_s, replay.wall_s)
 
 
@@ -197,7 +197,7 @@ def _run_steps(out: Outcome, replay_at: Callable[[Workload, ReplayOptions], tupl
                options: ReplayOptions, on_phase: OnPhase, on_step: Callable[[Outcome], bool]) -> None:
     while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
         workload = workload_at(load)
-        on_phase(f"load step {len(out.steps) + 1}: {workload.rate:.2f} req/s")
+        on_phase(f"load step {len(out.steps) + 1}: {workload.load_rate:.2f} req/s")
         t = time.monotonic()
         step_options = options if not out.steps else replace(options, warmup_requests=0)  # warm once per engine
         replay, out.failure = replay_at(workload, step_options)

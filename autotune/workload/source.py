@@ -73,7 +73,8 @@ class LoadSteps:
     """The workload at a load factor, for a fixed duration: what one capacity step replays.
 
     Every step lasts as long (``duration_s``), so a higher load is a longer stream of requests
-    at a higher rate, not the same few requests squeezed into a shorter burst that a big batch
+    at a higher rate (its ``offered_rate``: the base rate x the load, what the step's capacity is
+    stated in, so that a higher load is never a lower rate however few requests a step holds), not the same few requests squeezed into a shorter burst that a big batch
     absorbs. Synthetic workloads draw fresh requests for each load (no accidental prefix-cache
     hits from repeats); a trace is replayed again from its start, shifted in time, when the
     step needs more requests than it holds. Built once per load and kept: trials reuse them.
@@ -98,8 +99,9 @@ class LoadSteps:
         rate = self.base.rate * load_factor
         n = max(2, math.ceil(rate * self.duration_s))
         if self.spec.scenario is not None:
-            return load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
-                                seed=self.spec.seed + int(load_factor * 1000)))
+            drawn = load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
+                                 seed=self.spec.seed + int(load_factor * 1000)))
+            return replace(drawn, offered_rate=rate)
         scaled = self.base.scaled(load_factor)
         period = scaled.span_s + (1.0 / rate if math.isfinite(rate) else 0.0)
         reqs = []
@@ -107,7 +109,7 @@ class LoadSteps:
         while len(reqs) < n:
             reqs += [replace(r, arrival_s=r.arrival_s + k * period) for r in scaled.requests]
             k += 1
-        return Workload(tuple(reqs[:n]), self.base.name)
+        return Workload(tuple(reqs[:n]), self.base.name, offered_rate=rate)
 
 
 def check(spec: WorkloadSpec) -> None:

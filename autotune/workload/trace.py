@@ -81,6 +81,9 @@ class Workload:
     requests: tuple[Request, ...]
     name: str = "workload"
     skipped: int = 0  # entries of the file read that gave no request (ShareGPT conversations without an exchange)
+    # the rate this workload stands for when it was drawn at one (a load step: the base rate x the load);
+    # a few requests' own arrivals say little about it (5 Poisson arrivals in 2 s can span 0.6 s)
+    offered_rate: float | None = None
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -98,6 +101,11 @@ class Workload:
         """Mean arrival rate in requests/s (inf when everything arrives at once)."""
         span = self.span_s
         return (len(self.requests) - 1) / span if span > 0 else math.inf
+
+    @property
+    def load_rate(self) -> float:
+        """The rate a load step offers: ``offered_rate`` when it was drawn at one, else its arrivals' mean."""
+        return self.offered_rate if self.offered_rate is not None else self.rate
 
     def scaled(self, load: float) -> Workload:
         """The same requests arriving ``load`` times as fast (load 2: twice the rate)."""
