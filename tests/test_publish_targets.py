@@ -51,7 +51,7 @@ def canary():
 def test_an_unknown_target_kind_names_the_registered_ones(tmp_path, toy_kind):
     cfg = tmp_path / "d.toml"
     cfg.write_text('slos = ["ttft<1s"]\n[production]\nurl = "http://x"\nkind = "k8s"\n')
-    with pytest.raises(ConfigError, match="'vllm-config', 'xinference' or 'toy', got 'k8s'"):
+    with pytest.raises(ConfigError, match="'vllm-config', 'xinference', 'blue-green' or 'toy', got 'k8s'"):
         load_daemon_config(cfg)
     cfg.write_text('slos = ["ttft<1s"]\n[production]\nurl = "http://x"\nkind = "toy"\nport = "80"\n')
     with pytest.raises(ConfigError, match="kind toy takes state = DIR and port = N"):  # its own settings check
