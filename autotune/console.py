@@ -11,19 +11,15 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.session import Outcome
+from autotune.measure.tables import outcome_tables
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.records import Remeasurement, StudyResult, TrialRecord
-from autotune.measure.metrics import Distribution
 
 out = Console()
 err = Console(stderr=True)
 for _console in (out, err):
     if not _console.is_terminal:  # a pipe or the journal: tables as wide as their content needs, not 80 columns
         _console.width = 200
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.1f}"
 
 
 def print_result(result: Outcome) -> None:
@@ -33,53 +29,9 @@ def print_result(result: Outcome) -> None:
         err.print(f"[bold red]engine failed: {f.failure_class.value}[/] - {f.summary}")
         if f.excerpt:
             err.print(f.excerpt, markup=False, highlight=False)
-    step = result.last
-    if step is None:
-        return
-    s = step.summary
-    head = Table(title=f"{step.model} at {result.url}", show_header=False, box=None)
-    rows = [
-        ("requests", f"{s.completed} completed, {s.failed} failed of {s.requests}"),
-        ("duration", f"{s.duration_s:.2f} s"),
-        ("request throughput", f"{s.request_throughput:.2f} req/s"),
-        ("output throughput", f"{s.output_throughput:.1f} tok/s"),
-        ("total token throughput", f"{s.total_token_throughput:.1f} tok/s"),
-        ("goodput", f"{s.goodput:.2f} req/s"),
-        ("SLO attainment", "-" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"),
-    ]
-    if result.engine_ready_s is not None:
-        rows.insert(0, ("engine start", f"{result.engine_ready_s:.1f} s"))
-    for k, v in rows:
-        head.add_row(k, v)
-    out.print(head)
-    lat = Table(title="latency (ms)")
-    for col in ("metric", "mean", "p50", "p90", "p95", "p99", "n"):
-        lat.add_column(col, justify="right" if col != "metric" else "left")
-    dists: list[tuple[str, Distribution]] = [("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e),
-                                             ("send lag", s.send_lag)]
-    for name, d in dists:
-        lat.add_row(name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p95), _ms(d.p99), str(d.count))
-    out.print(lat)
-    if s.errors:
-        errs = Table(title="failed requests")
-        errs.add_column("count", justify="right")
-        errs.add_column("error")
-        for text, n in sorted(s.errors.items(), key=lambda kv: -kv[1]):
-            errs.add_row(str(n), text)
-        out.print(errs)
-    if step.verdicts:
-        slo = Table(title="SLOs")
-        for col in ("SLO", "measured", "verdict"):
-            slo.add_column(col)
-        for v in step.verdicts:
-            if v.measured is None:
-                shown = "-"
-            elif v.slo.is_latency:
-                shown = f"{v.measured * 1000:.1f} ms"
-            else:
-                shown = f"{v.measured:.2f}"
-            slo.add_row(v.slo.text, shown, "[green]holds[/]" if v.holds else "[red]misses[/]")
-        out.print(slo)
+    start = None if result.engine_ready_s is None else f"{result.engine_ready_s:.1f} s"
+    for table in outcome_tables(result, start):
+        out.print(table)
 
 
 def _duration(seconds: float) -> str:

@@ -47,6 +47,7 @@ from autotune.errors import ConfigError
 from autotune.engine.model import ModelShape
 from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Outcome, Step
+from autotune.measure.tables import outcome_tables
 from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
@@ -241,65 +242,16 @@ def write_requests(p: Prediction, path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in p.outcome.requests_json()))
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.1f}"
-
-
 def print_outcome(out: Outcome) -> None:
-    """``autotune bench``'s result tables (console.print_result's rows and columns), for a predicted outcome.
-
-    A copy, not a call: the simulator sits below ``autotune.console`` (tests/test_layout.py).
-    """
+    """``autotune bench``'s result tables (measure/tables.py, which console.py prints too), for a predicted outcome."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     if not console.is_terminal:
         console.width = 200  # a pipe: tables as wide as their content, as console.py does
-    step = out.last
-    if step is None:
-        return
-    s = step.summary
-    head = Table(title=f"{step.model} at {out.url}", show_header=False, box=None)
-    rows = [
-        ("engine start", "-" if out.engine_ready_s is None else f"{out.engine_ready_s:.1f} s (simulated)"),
-        ("requests", f"{s.completed} completed, {s.failed} failed of {s.requests}"),
-        ("duration", f"{s.duration_s:.2f} s"),
-        ("request throughput", f"{s.request_throughput:.2f} req/s"),
-        ("output throughput", f"{s.output_throughput:.1f} tok/s"),
-        ("total token throughput", f"{s.total_token_throughput:.1f} tok/s"),
-        ("goodput", f"{s.goodput:.2f} req/s"),
-        ("SLO attainment", "-" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"),
-    ]
-    for k, v in rows:
-        head.add_row(k, v)
-    console.print(head)
-    lat = Table(title="latency (ms)")
-    for col in ("metric", "mean", "p50", "p90", "p95", "p99", "n"):
-        lat.add_column(col, justify="right" if col != "metric" else "left")
-    for name, d in (("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e), ("send lag", s.send_lag)):
-        lat.add_row(name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p95), _ms(d.p99), str(d.count))
-    console.print(lat)
-    if s.errors:
-        errs = Table(title="failed requests")
-        errs.add_column("count", justify="right")
-        errs.add_column("error")
-        for text, n in sorted(s.errors.items(), key=lambda kv: -kv[1]):
-            errs.add_row(str(n), text)
-        console.print(errs)
-    if step.verdicts:
-        slo = Table(title="SLOs")
-        for col in ("SLO", "measured", "verdict"):
-            slo.add_column(col)
-        for v in step.verdicts:
-            if v.measured is None:
-                shown = "-"
-            elif v.slo.is_latency:
-                shown = f"{v.measured * 1000:.1f} ms"
-            else:
-                shown = f"{v.measured:.2f}"
-            slo.add_row(v.slo.text, shown, "[green]holds[/]" if v.holds else "[red]misses[/]")
-        console.print(slo)
+    start = "-" if out.engine_ready_s is None else f"{out.engine_ready_s:.1f} s (simulated)"
+    for table in outcome_tables(out, start):
+        console.print(table)
 
 
 def report(p: Prediction, json_path: Path | None, requests_path: Path | None) -> int:
