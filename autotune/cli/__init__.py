@@ -172,22 +172,9 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
-    from autotune.workload.source import WorkloadSpec, parse_range
+    from autotune.workload.source import WorkloadSpec, length_flags
 
-    overrides: dict[str, object] = {}
-    if a.prompt_tokens:
-        overrides["prompt_tokens"] = parse_range(a.prompt_tokens, "--prompt-tokens")
-    if a.prefix_tokens:
-        overrides["prefix_tokens"] = parse_range(a.prefix_tokens, "--prefix-tokens")
-    fixed_out = None
-    if a.output_tokens:
-        lo, hi = parse_range(a.output_tokens, "--output-tokens")
-        if a.workload is not None:
-            if lo != hi:
-                raise ConfigError("--output-tokens for a trace file is one fixed length, not a range")
-            fixed_out = lo
-        else:
-            overrides["output_tokens"] = (lo, hi)
+    overrides, fixed_out = length_flags(a.prompt_tokens, a.prefix_tokens, a.output_tokens, a.workload is not None)
     _check_replay_numbers(a)
     return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
                         burstiness=a.burstiness, seed=a.seed, overrides=overrides, api=a.api,

@@ -53,7 +53,7 @@ from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.text import TextCodec, chat_prompt
-from autotune.workload.source import WorkloadSpec, load, parse_range
+from autotune.workload.source import WorkloadSpec, length_flags, load
 from autotune.workload.trace import SKIPPED_WHY, Workload
 
 __all__ = ["Prediction", "PredictOptions", "load_workload", "predict", "print_outcome", "prompt_ids", "report",
@@ -111,20 +111,7 @@ def workload_spec(a: Any) -> WorkloadSpec:
     ``a`` is predict's namespace: vLLM's ``--seed`` seeds the workload (0 when not given), vLLM's
     ``--tokenizer`` builds the prompts (else MODEL, when it is a directory).
     """
-    overrides: dict[str, object] = {}
-    if a.prompt_tokens:
-        overrides["prompt_tokens"] = parse_range(a.prompt_tokens, "--prompt-tokens")
-    if a.prefix_tokens:
-        overrides["prefix_tokens"] = parse_range(a.prefix_tokens, "--prefix-tokens")
-    fixed_out = None
-    if a.output_tokens:
-        lo, hi = parse_range(a.output_tokens, "--output-tokens")
-        if a.workload is not None:
-            if lo != hi:
-                raise ConfigError("--output-tokens for a trace file is one fixed length, not a range")
-            fixed_out = lo
-        else:
-            overrides["output_tokens"] = (lo, hi)
+    overrides, fixed_out = length_flags(a.prompt_tokens, a.prefix_tokens, a.output_tokens, a.workload is not None)
     if a.requests < 1:
         raise ConfigError("--requests must be at least 1")
     if not (a.load > 0 and math.isfinite(a.load)):

@@ -16,7 +16,7 @@ from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
 from autotune.workload.trace import MAX_TOKENS, Workload, read_workload
 
-__all__ = ["WorkloadSpec", "load", "check", "parse_range", "LoadSteps"]
+__all__ = ["WorkloadSpec", "load", "check", "parse_range", "length_flags", "LoadSteps"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,27 @@ class LoadSteps:
             reqs += [replace(r, arrival_s=r.arrival_s + k * period) for r in scaled.requests]
             k += 1
         return Workload(tuple(reqs[:n]), self.base.name, offered_rate=rate)
+
+
+def length_flags(prompt_tokens: str | None, prefix_tokens: str | None, output_tokens: str | None,
+                 trace: bool) -> tuple[dict[str, object], int | None]:
+    """The length flags of ``autotune bench`` and ``vllm-sim predict`` (``--prompt-tokens N|LO-HI``, ...) as
+    (scenario overrides, a trace's fixed output length): a trace takes one output length, not a range."""
+    overrides: dict[str, object] = {}
+    if prompt_tokens:
+        overrides["prompt_tokens"] = parse_range(prompt_tokens, "--prompt-tokens")
+    if prefix_tokens:
+        overrides["prefix_tokens"] = parse_range(prefix_tokens, "--prefix-tokens")
+    fixed_out = None
+    if output_tokens:
+        lo, hi = parse_range(output_tokens, "--output-tokens")
+        if trace:
+            if lo != hi:
+                raise ConfigError("--output-tokens for a trace file is one fixed length, not a range")
+            fixed_out = lo
+        else:
+            overrides["output_tokens"] = (lo, hi)
+    return overrides, fixed_out
 
 
 def check(spec: WorkloadSpec) -> None:
