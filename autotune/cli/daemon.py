@@ -210,7 +210,7 @@ def _rollback_by_daemon(a: argparse.Namespace, store, history, to: int) -> int:
     print(f"autotune: a tuning holds the idle GPUs; the daemon pauses it and rolls back to entry {to}",
           file=sys.stderr, flush=True)
     deadline = time.monotonic() + float(getattr(a, "timeout", None) or APPROVAL_WAIT_S)
-    while store.rollback_request() is not None or _busy(store):
+    while store.rollback_request() is not None:  # the daemon removes it once the rollback is done
         if time.monotonic() >= deadline:
             print(f"autotune: the daemon has not rolled back yet (is the daemon with {a.config} running? the request "
                   "stays until it does; autotune status shows how it goes)", file=sys.stderr)
@@ -222,8 +222,3 @@ def _rollback_by_daemon(a: argparse.Namespace, store, history, to: int) -> int:
         return EXIT_OK
     print(f"autotune: production is back on entry {to} (recorded as entry {after[-1].number})")
     return EXIT_OK
-
-
-def _busy(store) -> bool:
-    """The daemon is still on the rollback it took (its note says the tuning is paused)."""
-    return "paused: a rollback" in store.load().note

@@ -452,12 +452,11 @@ class Daemon:
     def _pause_for_rollback(self, to: int) -> None:
         """`autotune rollback` during a tuning on a blue/green production whose idle GPUs staging uses: stop
         the tuning (its study stays resumable), roll back on the publish thread, resume the tuning after."""
-        # the note first: `autotune rollback` waits while the request is there or the note says paused
+        # the request stays until the rollback is done: `autotune rollback` waits for it to go
         self._note(f"tuning {self.state.study_name} paused: a rollback by hand to entry {to} needs the idle GPUs")
         self._stop_child()
         self._child = None
         self._job = self._pool.submit(self._rollback, to)
-        self.store.clear_rollback_request()
 
     def _rollback(self, to: int) -> Entry | None:
         with PublishLock(self.root):
@@ -476,6 +475,7 @@ class Daemon:
         if gpus and self.state.study_file:
             move_to_gpus(Path(self.state.study_file), gpus)  # the colors may have swapped: staging follows the idle one
         self._note(f"{done}; tuning {self.state.study_name} resumes" + (f" on GPUs {gpus}" if gpus else ""))
+        self.store.clear_rollback_request()
 
     # -- approval and publishing -------------------------------------------------------------
 
