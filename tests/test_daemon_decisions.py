@@ -266,6 +266,13 @@ def test_trigger_notes_read_as_a_person_would_say_them():
     held = decide(DaemonState(last_tuning_end=1000.0), Observation(2.0, False), now=1000.0 + 6 * 3600 - 20,
                   drift_threshold=0.5, breach_windows=3, every_s=0, cooldown_s=6 * 3600, in_window=True)
     assert held.waiting.endswith("held by the cooldown for 20 s more"), held.waiting
+    state = DaemonState(breach_streak=2)
+    full = decide(state, Observation(0.1, True, saturated=True), now=0.0, drift_threshold=0.5, breach_windows=3,
+                  every_s=0, cooldown_s=0, in_window=True)
+    assert full.trigger == "production saturated: requests queued through 3 windows in a row"
+    missed = decide(state, Observation(0.1, True), now=0.0, drift_threshold=0.5, breach_windows=3, every_s=0,
+                    cooldown_s=0, in_window=True)
+    assert missed.trigger == "SLO missed in 3 windows in a row"
 
 
 # --- 7: warm starts neither repeat production or the defaults nor eat the budget --------------------------

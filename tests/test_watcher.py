@@ -223,6 +223,51 @@ def test_watcher_window_picks_the_newest_snapshot_old_enough():
     w.close()
 
 
+def queue(t: float, finished: float, running: float, waiting: float) -> Snapshot:
+    return Snapshot(t, {"requests": finished}, {}, {"running": running, "waiting": waiting})
+
+
+def test_a_saturated_production_shows_its_demand_and_its_queue():
+    """vLLM counts no aborted request, so a production that cannot keep up finishes what it can serve, not what
+    users send: demand is what finished plus the backlog's growth, and a queue that never empties is saturation."""
+    w = Watcher("http://unused", window_s=100, keep=100)
+    # 10 s scrapes; 1 request a second arrives, 0.2 a second finish: the waiting queue grows by 8 each scrape
+    for i in range(11):
+        w.add(queue(10.0 * i, 2.0 * i, 4.0, 8.0 * i))
+    win = w.window()
+    assert (win.t0, win.t1, win.scrapes) == (0.0, 100.0, 11)
+    assert win.request_rate == pytest.approx(0.2) and win.arrivals == 100 and win.arrival_rate == pytest.approx(1.0)
+    assert win.backlog_growth == 80 and win.saturated
+    assert Fingerprint.of(win).request_rate == pytest.approx(1.0) and Fingerprint.of(win).saturated
+
+    # a steady queue (clients give up as fast as new ones queue): no growth, but requests waited at every scrape
+    steady = Watcher("http://unused", window_s=40, keep=100)
+    for i in range(5):
+        steady.add(queue(10.0 * i, 3.0 * i, 4.0, 30.0 + (i % 2)))
+    win = steady.window()
+    assert win.waiting_min == 30 and win.saturated and win.arrival_rate == pytest.approx(win.request_rate, abs=0.05)
+
+    # a healthy production: a request waits now and then, the backlog ends where it began
+    healthy = Watcher("http://unused", window_s=40, keep=100)
+    for i, waiting in enumerate((0, 2, 0, 1, 0)):
+        healthy.add(queue(10.0 * i, 10.0 * i, 3.0, waiting))
+    win = healthy.window()
+    assert win.waiting_min == 0 and not win.saturated
+    assert win.arrivals == win.requests == 40 and win.arrival_rate == pytest.approx(1.0)
+
+    # two scrapes with a queue at both ends say too little; a backlog that grew by 2 of 42 arrivals is noise
+    short = Window.between(queue(0.0, 0.0, 3.0, 5.0), queue(10.0, 40.0, 3.0, 7.0))
+    assert short.waiting_min == 5 and short.arrivals == 42 and not short.saturated
+    # after a restart the new process began empty: its backlog grew from nothing
+    restarted = Window.between(queue(0.0, 500.0, 8.0, 9.0), queue(10.0, 10.0, 4.0, 6.0))
+    assert restarted.reset and restarted.arrivals == 20 and restarted.saturated
+    # /metrics without the queue gauges: what finished is all it can say
+    bare = Window.between(Snapshot(0.0, {"requests": 0.0}, {}, {}), Snapshot(10.0, {"requests": 30.0}, {}, {}))
+    assert bare.arrivals == 30 and bare.waiting_min is None and not bare.saturated
+    for x in (w, steady, healthy):
+        x.close()
+
+
 def test_histogram_quantile_is_prometheus_interpolation():
     h = Histogram(((1.0, 2), (2.0, 6), (5.0, 10), (math.inf, 10)), 10, 25.0)
     assert h.quantile(0.5) == pytest.approx(1.75)  # rank 5 in (1, 2]: 3 of its 4

@@ -45,11 +45,12 @@ class Fingerprint:
     prefix_cache_hit_rate: float | None
     window_s: float
     requests: int = 0  # how many finished requests the window saw: how far to trust the rest
+    saturated: bool = False  # production could not keep up: request_rate is a lower bound of demand
 
     @classmethod
     def of(cls, window: Window) -> Fingerprint:
         return cls(
-            request_rate=window.request_rate,
+            request_rate=window.arrival_rate,  # demand, not what a saturated production managed to serve
             prompt_tokens_mean=window.prompt_tokens_mean,
             prompt_tokens_p50=window.prompt_tokens_p50,
             prompt_tokens_p90=window.prompt_tokens_p90,
@@ -59,6 +60,7 @@ class Fingerprint:
             prefix_cache_hit_rate=window.prefix_cache_hit_rate,
             window_s=window.dt,
             requests=window.requests,
+            saturated=window.saturated,
         )
 
     def to_json(self) -> dict[str, float | int | None]:

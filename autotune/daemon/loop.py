@@ -234,8 +234,12 @@ class Daemon:
         self.metrics.set_slos(compliance)
         if window.request_rate is not None:
             self.metrics.request_rate.set(window.request_rate)
-        if window.requests < MIN_REQUESTS or window.dt < 0.5 * self.cfg.window_s:
+        if window.dt < 0.5 * self.cfg.window_s:
             return Observation(None, None)
+        if window.requests < MIN_REQUESTS:
+            # too few finished to judge latencies or imitate the traffic, but a queue that never empties
+            # says enough: few finish because production cannot keep up
+            return Observation(None, True, saturated=True) if window.saturated else Observation(None, None)
         fp = Fingerprint.of(window)
         self.fingerprint = fp
         if self.state.tuned_fingerprint is None:  # the traffic production's config is judged against from now on
@@ -244,6 +248,8 @@ class Daemon:
         self.metrics.drift.set(score)
         # only latency SLOs judge production: its throughput is what users sent, not what it can do
         known = [e.holds for e in compliance if e.holds is not None and e.slo.is_latency]
+        if window.saturated:  # its latencies grow with the queue, whatever the finished requests say so far
+            return Observation(score, True, saturated=True)
         return Observation(score, (not all(known)) if known else None)
 
     def _scrape_news(self) -> None:
@@ -298,7 +304,9 @@ class Daemon:
         self.metrics.tunings.labels(trigger.split(":")[0].split(" ")[0]).inc()
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
                   tuning_started=time.time(),
-                  note=f"tuning {name}: {trigger}", tuned_fingerprint=self.state.tuned_fingerprint,
+                  note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
+                       + (" (at least: production could not keep up)" if fp.saturated else ""),
+                  tuned_fingerprint=self.state.tuned_fingerprint,
                   breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
         self._spawn()
 

@@ -170,6 +170,7 @@ class Observation:
 
     drift: float | None  # fingerprint distance from the tuned one; None when unknown
     breach: bool | None  # an SLO certainly missed in this window; None when the window said nothing
+    saturated: bool = False  # requests queued through the window (a breach too): production is at capacity
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
         else:
             reason = f"traffic drift {obs.drift:.2f} > {drift_threshold:.2f}"
     elif streak >= breach_windows > 0:
-        reason = f"SLO missed in {streak} windows in a row"
+        reason = (f"production saturated: requests queued through {streak} windows in a row"
+                  if obs is not None and obs.saturated else f"SLO missed in {streak} windows in a row")
     elif every_s > 0 and state.last_tuning_end and now - state.last_tuning_end >= every_s:
         reason = f"scheduled: {(now - state.last_tuning_end) / 86400:.1f} days since the last tuning"
     if reason is None:

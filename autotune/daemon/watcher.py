@@ -75,13 +75,13 @@ class Watcher:
         """The latest window over ``window_s`` from the kept snapshots (None with fewer than two)."""
         if len(self.snapshots) < 2:
             return None
-        cur = self.snapshots[-1]
-        start = self.snapshots[0]
-        for s in reversed(self.snapshots):  # newest first: the first one old enough is the tightest fit
-            if s is not cur and cur.t - s.t >= self.window_s:
-                start = s
+        snaps = list(self.snapshots)
+        cur, first = snaps[-1], 0
+        for i in range(len(snaps) - 2, -1, -1):  # newest first: the first one old enough is the tightest fit
+            if cur.t - snaps[i].t >= self.window_s:
+                first = i
                 break
-        return Window.between(start, cur)
+        return Window.between(snaps[first], cur, snaps[first + 1:-1])
 
     def restart_window(self) -> None:
         """Forget every snapshot: the next window starts at the next poll.

@@ -1,15 +1,16 @@
 """Production's traffic between two snapshots, and the SLOs it met.
 
 ``Window.between(prev, cur)`` is the traffic between two snapshots (prometheus.py): counter and
-histogram deltas, from which it derives the request rate, prompt/output lengths, the prefix-cache
-hit rate, latency quantiles (``histogram_quantile``'s interpolation, so estimates: see
-``Histogram.quantile``) and SLO estimates (``SLOEstimate``). Pure: no I/O.
+histogram deltas, from which it derives the request rate (served, and arrived: ``arrival_rate``,
+``saturated``), prompt/output lengths, the prefix-cache hit rate, latency quantiles
+(``histogram_quantile``'s interpolation, so estimates: see ``Histogram.quantile``) and SLO
+estimates (``SLOEstimate``). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from autotune.daemon.prometheus import Histogram, Snapshot
 from autotune.engine.vllm.metrics import METRICS
@@ -53,9 +54,14 @@ class Window:
     histograms: dict[str, Histogram]  # deltas
     gauges: dict[str, float]  # at the end of the window
     reset: bool = False  # a counter went down: production restarted; the deltas are cur's totals
+    gauges_start: dict[str, float] = field(default_factory=dict)  # at the start of the window
+    waiting_min: float | None = None  # the fewest requests waiting at any scrape of the window
+    scrapes: int = 2  # snapshots the window was read from, its ends included
 
     @classmethod
-    def between(cls, prev: Snapshot, cur: Snapshot) -> Window:
+    def between(cls, prev: Snapshot, cur: Snapshot, inside: Sequence[Snapshot] = ()) -> Window:
+        """The traffic from ``prev`` to ``cur``; ``inside`` are the scrapes between them, which only the
+        queue's low-water mark (``waiting_min``) reads."""
         # A restarted vLLM starts every counter at 0; a delta across the restart would be negative.
         # Counting cur's totals as the window's traffic undercounts (what came before the restart
         # is lost) but never invents traffic, which is what Prometheus' rate() does too.
@@ -66,11 +72,18 @@ class Window:
         if reset:
             counters = dict(cur.counters)
             histograms = dict(cur.histograms)
+            # the restarted process began empty: nothing running or waiting
+            start = {"running": 0.0, "waiting": 0.0}
+            seen = [cur]
         else:
             counters = {k: v - prev.counters.get(k, 0.0) for k, v in cur.counters.items()}
             histograms = {k: h.minus(prev.histograms[k]) if k in prev.histograms else h
                           for k, h in cur.histograms.items()}
-        return cls(prev.t, cur.t, counters, histograms, dict(cur.gauges), reset)
+            start = dict(prev.gauges)
+            seen = [prev, *inside, cur]
+        queue = [s.gauges["waiting"] for s in seen if "waiting" in s.gauges]
+        return cls(prev.t, cur.t, counters, histograms, dict(cur.gauges), reset, start,
+                   min(queue) if len(queue) == len(seen) else None, len(seen))
 
     @property
     def dt(self) -> float:
@@ -83,13 +96,50 @@ class Window:
 
     @property
     def requests(self) -> int:
-        """Requests that finished in the window (aborted ones included)."""
+        """Requests that finished in the window (vLLM counts no aborted one: see ``arrivals``)."""
         return round(self.counters.get("requests", 0.0))
 
     @property
     def request_rate(self) -> float | None:
-        """Finished requests per second, aborted ones included: the load production was offered."""
+        """Finished requests per second: what production served. Not its demand when it is saturated (see
+        ``arrival_rate``)."""
         return self._per_second("requests")
+
+    @property
+    def backlog_growth(self) -> float | None:
+        """How many more requests were in the engine (running + waiting) at the end of the window than at its
+        start; None when /metrics has no such gauges."""
+        keys = ("running", "waiting")
+        if not all(k in self.gauges and k in self.gauges_start for k in keys):
+            return None
+        return sum(self.gauges[k] - self.gauges_start[k] for k in keys)
+
+    @property
+    def arrivals(self) -> int:
+        """Requests that arrived in the window: those that finished, plus the growth of what is still in the
+        engine. vLLM counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503,
+        #55634), so under saturation, when clients give up while they wait, what finished is what the engine
+        could serve, not what users sent; the backlog's growth is the part of demand /metrics still shows.
+        Requests abandoned in the queue stay invisible: under saturation this is a lower bound."""
+        growth = self.backlog_growth
+        return max(self.requests + round(growth), 0) if growth is not None else self.requests
+
+    @property
+    def arrival_rate(self) -> float | None:
+        """Arrived requests per second: the demand production was offered (a lower bound when saturated)."""
+        if self.dt <= 0 or "requests" not in self.counters:
+            return None
+        return self.arrivals / self.dt
+
+    @property
+    def saturated(self) -> bool:
+        """Production served all it could and users wanted more: requests waited at every scrape of the window
+        (three at least), or the backlog grew by more than a tenth of what arrived (three requests at least).
+        Either way its TTFT grows with the queue, and what finished understates demand."""
+        if self.waiting_min is not None and self.scrapes >= 3 and self.waiting_min >= 1:
+            return True
+        growth = self.backlog_growth
+        return growth is not None and growth >= max(3.0, 0.1 * self.arrivals)
 
     @property
     def prompt_tokens_mean(self) -> float | None:

@@ -10,7 +10,9 @@ __all__ = ["METRICS"]
 # histogram by its own name.
 METRICS: dict[str, MetricSpec] = {
     # counters
-    "requests": MetricSpec("vllm:request_success_total", "counter"),  # every finished request, aborts included
+    # every finished request; vLLM 0.13-0.33 count no aborted one here (vllm-project/vllm#31503, #55634), so a
+    # client that gives up in the queue is invisible but for the num_requests_waiting gauge
+    "requests": MetricSpec("vllm:request_success_total", "counter"),
     "requests_failed": MetricSpec("vllm:request_success_total", "counter",
                                   label=("finished_reason", frozenset({"abort", "error"}))),
     "prompt_tokens": MetricSpec("vllm:prompt_tokens_total", "counter"),

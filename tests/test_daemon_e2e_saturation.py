@@ -1,0 +1,64 @@
+"""A saturated production hides its demand from /metrics, end to end (issue 15, found by the daemon's soak).
+
+vLLM counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503, #55634), so a production
+that cannot keep up finishes what it can serve, whatever users send: the daemon read 0.66 req/s while users sent
+4, tuned for that, and no trigger fired, because the requests that did finish met the SLO. Here production is a
+vllm-sim in real time (time scale 1) that serves about half of what its users send, under an SLO the finished
+requests meet: the daemon must read the demand from the backlog's growth, and tune because requests queue.
+"""
+
+import time
+
+import httpx
+import pytest
+
+from autotune.daemon.state import Phase
+from tests.test_daemon_e2e import Prod, Users, ticks
+
+RATE = 14.0  # users' requests per second: about twice what four sequences at a time serve here
+TOKENS = 16
+
+
+class LongerUsers(Users):
+    """The e2e users, asking for TOKENS tokens each: the engine, not the front-end, is what runs out."""
+
+    def _one(self) -> None:
+        try:
+            r = self._client.post(self.url, json={"model": "llama-3.1-8b", "prompt": "hello " * 40,
+                                                  "max_tokens": TOKENS, "ignore_eos": True})
+            ok = r.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        with self._lock:
+            self.failed += not ok
+
+
+@pytest.fixture
+def saturated(tmp_path, tiny_model, state_dir):
+    p = Prod(tmp_path, tiny_model)
+    p.config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\nmax-num-seqs: 4\ntokenizer: {tiny_model}\n")
+    p.restart[p.restart.index("--time-scale") + 1] = "1"  # real time: the A10's real speed is the bottleneck
+    try:
+        p.start()
+        yield p
+    finally:
+        p.close()
+
+
+def test_a_saturated_production_is_tuned_for_what_users_send(saturated):
+    prod = saturated
+    path = prod.write()
+    # an SLO the finished requests meet: only the queue can tell that users wait
+    path.write_text(path.read_text().replace('slos = ["ttft<500ms"]', 'slos = ["ttft<60s"]'))
+    d = prod.daemon()
+    with LongerUsers(prod.port, RATE) as users:
+        seen = ticks(d, 90, until=lambda d: d.state.phase is not Phase.WATCHING)
+        sent, t_sent = users.sent, time.monotonic()
+    assert d.state.phase is Phase.TUNING, seen
+    assert d.state.trigger.startswith("production saturated: requests queued through 3 windows in a row"), seen
+    fp = d.fingerprint
+    served = fp.requests / fp.window_s
+    # what finished is what the engine could serve; demand is what users sent
+    assert served < 0.75 * RATE, (served, fp)
+    assert fp.saturated and fp.request_rate == pytest.approx(RATE, rel=0.25), (fp, sent, t_sent)
+    assert f"imitating {fp.request_rate:.2f} req/s (at least: production could not keep up)" in d.state.note
