@@ -3,8 +3,8 @@
 vLLM counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503, #55634), so a production
 that cannot keep up finishes what it can serve, whatever users send: the daemon read 0.66 req/s while users sent
 4, tuned for that, and no trigger fired, because the requests that did finish met the SLO. Here production is a
-vllm-sim in real time (time scale 1) that serves about half of what its users send, under an SLO the finished
-requests meet: the daemon must read the demand from the backlog's growth, and tune because requests queue.
+vllm-sim (an A10 serving in real time; only its start-up is sped up) with four sequences at a time, which serves
+about half of what its users send, under an SLO the finished requests meet: the daemon must read the demand from the backlog's growth, and tune because requests queue.
 """
 
 import time
@@ -37,7 +37,6 @@ class LongerUsers(Users):
 def saturated(tmp_path, tiny_model, state_dir):
     p = Prod(tmp_path, tiny_model)
     p.config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\nmax-num-seqs: 4\ntokenizer: {tiny_model}\n")
-    p.restart[p.restart.index("--time-scale") + 1] = "1"  # real time: the A10's real speed is the bottleneck
     try:
         p.start()
         yield p
