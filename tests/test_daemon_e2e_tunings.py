@@ -1,0 +1,92 @@
+"""The daemon's wrong decisions of issue 15 that need whole tunings, end to end: its own loop, vllm-sim as
+production and as staging (a tuning child, its staging engines, Optuna's SQLite storage), users' traffic.
+
+- item 1: a rollback by hand while a tuning runs. The tuning measured the config production ran when it started
+  as its `production` baseline; once production is back on another config, whatever the tuning found is judged
+  against a config nobody runs, and must not be published (this daemon publishes without approval).
+- item 7: the next tuning's warm starts (earlier winners enqueued as baselines) never repeat production's config or
+  vLLM's defaults, take at most a third of the budget, and leave trials to the sampler.
+"""
+
+import optuna
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from autotune.daemon.state import Phase
+from autotune.study.records import Attr
+from tests.test_daemon_e2e import Users, cli, ticks
+from tests.test_daemon_e2e import prod  # noqa: F401  (the fixture)
+from tests.test_daemon_e2e_decisions import _propose, _publish_on_the_loop, _sample
+
+BUDGET = 6  # trials per tuning: production, vllm-defaults, one warm start at most, the rest sampled
+
+
+def _running(prod) -> int:
+    return int(yaml.safe_load(prod.config.read_text())["max-num-seqs"])
+
+
+def _trials(d, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=d.study.storage).get_trials(deepcopy=False)
+
+
+def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_starts_sparingly(prod, capsys):
+    staging = prod.root / "staging.toml"
+    staging.write_text(staging.read_text().replace("trials = 3", f"trials = {BUDGET}"))
+    path = prod.write()
+    d = prod.daemon()
+    with Users(prod.port) as users:
+        number = _propose(d, max_num_seqs=32)  # entry 2, published for real: production goes 2 -> 32
+        _publish_on_the_loop(d, capsys, path, number)
+        assert _running(prod) == 32
+
+        # item 1: the tuning starts on 32; a person rolls production back to entry 1 (2) while it runs
+        code, out, err = cli(capsys, "retune", "--config", path, "--reason", "e2e")
+        assert code == 0, err
+        ticks(d, 60, until=lambda d: d.state.phase is Phase.TUNING)
+        assert d.state.phase is Phase.TUNING and d.state.production_values["max_num_seqs"] == 32, d.state
+        first = d.state.study_name
+        code, out, err = cli(capsys, "rollback", "--config", path, "--to", 1)
+        assert code == 0, err
+        assert _running(prod) == 2
+        ticks(d, 5)
+        rolled = d.history.entries()[-1]
+        # a rollback by hand is a publish of entry 1's config, and says so in its source
+        assert rolled.outcome == "published" and rolled.source == {"rollback_to": 1, "by": "hand"}, rolled
+        info = [x for x in generate_latest(d.metrics.registry).decode().splitlines()
+                if x.startswith("autotune_production_config_info{")]
+        assert len(info) == 1 and f'entry="{rolled.number}"' in info[0] and 'max_num_seqs="2"' in info[0], info
+        seen = ticks(d, 300, until=lambda d: d.state.phase is not Phase.TUNING)
+        assert d.state.phase is Phase.WATCHING, seen
+        assert "production's config changed while it ran (max_num_seqs 32 -> 2" in d.state.note, d.state.note
+        assert len(d.history.entries()) == 3 and d.history.proposal() is None, d.history.entries()
+        assert _running(prod) == 2, "production must stay on the config the person rolled back to"
+        winners = [t for t in _trials(d, first) if t.state is optuna.trial.TrialState.COMPLETE and t.value]
+        assert winners, "the first tuning measured nothing: item 7 below needs its winners"
+
+        # item 7: the next tuning warm-starts from the first one's winners, sparingly
+        code, out, err = cli(capsys, "retune", "--config", path, "--reason", "e2e again")
+        assert code == 0, err
+        ticks(d, 60, until=lambda d: d.state.phase is Phase.TUNING)
+        second = d.state.study_name
+        assert second != first and d.state.production_values["max_num_seqs"] == 2, d.state
+        seen = ticks(d, 300, until=lambda d: d.state.phase is not Phase.TUNING)
+        assert d.state.phase in (Phase.WATCHING, Phase.PUBLISHING, Phase.VERIFYING), seen
+    trials = _trials(d, second)
+    baselines = {t.user_attrs.get(Attr.BASELINE): t for t in trials if t.user_attrs.get(Attr.BASELINE)}
+    warm = {k: t for k, t in baselines.items() if k.startswith("earlier-")}
+    sampled = [t for t in trials if not t.user_attrs.get(Attr.BASELINE)]
+    print(f"second tuning {second}: baselines {sorted(baselines)}, {len(sampled)} sampled, {len(trials)} trials; "
+          f"users: {users.failed} of {users.sent} failed")
+    assert {"production", "vllm-defaults"} <= set(baselines), sorted(baselines)
+    assert 1 <= len(warm) <= BUDGET // 3, sorted(baselines)
+    seqs = lambda t: t.params.get("max_num_seqs")  # noqa: E731
+    assert not {seqs(t) for t in warm.values()} & {seqs(baselines["production"]), seqs(baselines["vllm-defaults"])}
+    assert sampled and len([t for t in trials if t.state.is_finished()]) <= BUDGET, [
+        (t.number, t.state, t.user_attrs.get(Attr.BASELINE)) for t in trials]
+    assert _sample(d, "autotune_tunings_total", trigger="requested") == 2
+    chosen = [e for e in d.history.entries() if e.source.get("study") == second]
+    if chosen:  # production ran 2 sequences at a time under 5 req/s: a wider config may well win; never its own
+        pick = next(t for t in trials if t.number == chosen[0].source["trial"])
+        print(f"it chose trial {pick.number} ({pick.user_attrs.get(Attr.BASELINE) or 'sampled'}): {pick.params}")
+        assert pick.user_attrs.get(Attr.BASELINE) != "production" and seqs(pick) != 2, pick.params
