@@ -321,6 +321,66 @@ def test_daemon_stops_its_tuning_and_staging_engine_on_sigterm(setup, tmp_path, 
     assert st["phase"] == "tuning"  # resumed by the next start
 
 
+def test_a_daemon_stopped_mid_trial_measures_the_cut_baseline_when_it_starts_again(setup, tmp_path, tiny_model,
+                                                                                   cleanup):
+    """Issue 15, item 2, with the real daemon: SIGTERM while its tuning's `production` baseline measures. The next
+    start resumes the same tuning, and production's config is measured again: every baseline ends with a
+    measurement, so a proposal is never judged against a production "0.00" (approval mode: nothing restarts
+    production here)."""
+    make, prod_port, _ = setup
+    path = make(approval=True).source
+    scrape_every_second(path)
+    staging_port = free_port()
+    write_study(tmp_path, tiny_model, staging_port, step="3s", trials=3)
+    state = tmp_path / "state"
+    env = {**os.environ, "AUTOTUNE_STATE_DIR": str(state)}
+    subprocess.run([sys.executable, "-m", "autotune", "retune", "--config", str(path), "--reason", "test"],
+                   check=True, env=env, capture_output=True)
+    daemon_state = state / "daemon" / "prod" / "state.json"
+    with Traffic(prod_port):
+        run = Autotune(tmp_path, "daemon", "daemon", "--config", str(path), state=state)
+        cleanup[0].append(run.proc)
+        storage = f"sqlite:///{tmp_path}/studies.db"
+        deadline = time.monotonic() + 180
+        while True:  # production's baseline runs (the second trial: vllm-defaults goes first)
+            run.alive()
+            assert time.monotonic() < deadline, run.stderr[-3000:]
+            name = json.loads(daemon_state.read_text()).get("study_name") if daemon_state.exists() else None
+            try:
+                trials = optuna.load_study(study_name=name, storage=storage).trials if name else []
+            except KeyError:  # the tuning has not created its study yet
+                trials = []
+            if [t for t in trials if t.state is TrialState.RUNNING and t.user_attrs.get("baseline") == "production"]:
+                break
+            time.sleep(0.5)
+        rec = serving_engine(run, state, staging_port, timeout=120)
+        cleanup[1].append(rec["pgid"])
+        time.sleep(2.0)  # its load steps are under way
+        run.signal_and_wait(signal.SIGTERM)
+        assert run.proc.returncode == 0
+        cut = [t for t in optuna.load_study(study_name=name, storage=storage).trials
+               if t.user_attrs.get("baseline") == "production"]
+        assert [t.state for t in cut] == [TrialState.FAIL], cut  # interrupted: not PRUNED, which would count as done
+        cut_baseline = "production"
+
+        again = Autotune(tmp_path, "daemon-again", "daemon", "--config", str(path), state=state)
+        cleanup[0].append(again.proc)
+        deadline = time.monotonic() + 300
+        while json.loads(daemon_state.read_text())["phase"] == "tuning":
+            again.alive()
+            assert time.monotonic() < deadline, again.stderr[-3000:]
+            time.sleep(1.0)
+        again.signal_and_wait(signal.SIGTERM)
+    st = json.loads(daemon_state.read_text())
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    done = {t.user_attrs.get("baseline") for t in trials if t.state is TrialState.COMPLETE and t.value is not None}
+    print(f"cut: trial {cut[0].number} ({cut_baseline}); after the restart: "
+          f"{[(t.number, t.state.name, t.user_attrs.get('baseline')) for t in trials]}; daemon: {st['note']}")
+    assert {"production", "vllm-defaults", cut_baseline} <= done, trials
+    assert st["study_name"] == name and st["tunings"] == 1, st  # the same tuning, resumed, not a new one
+    assert "no measurement" not in st["note"] and "production 0.00" not in st["note"], st["note"]
+
+
 def test_daemon_says_when_it_cannot_scrape_and_when_it_can_again(tmp_path, tiny_model, cleanup):
     state, prod_port = tmp_path / "state", free_port()  # nothing listens there yet
     config = tmp_path / "etc" / "production.yaml"
