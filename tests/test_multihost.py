@@ -3,6 +3,9 @@
 Each worker is an `autotune study` process with its own staging engine (vllm-sim, its own
 port), as two GPU hosts would run. One is killed -9 in the middle of a trial: its heartbeat
 stops, the trial goes stale, and the surviving worker fails it and runs it again.
+
+The heartbeat is 3 s (a 9 s grace): two workers, their engines and PostgreSQL share 2 cores here, and
+a heartbeat thread stalled past a 3 s grace would let the survivor fail a live trial.
 """
 
 import glob
@@ -27,7 +30,7 @@ STUDY = """
 name = "shared"
 slos = ["ttft<500ms"]
 storage = "{url}"
-heartbeat = "1s"
+heartbeat = "3s"
 runs_dir = "{runs}"
 
 [engine]
