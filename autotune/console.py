@@ -73,6 +73,9 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
     if r.failure_class:
         outcome = f"{r.failure_class}: {r.failure}"
+    elif r.state == TrialState.PRUNED and r.race and r.race.get("lost"):
+        outcome = (f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
+                   f"{r.race['missed_at_rps']:.2f} req/s, where it holds them")
     elif r.state == TrialState.PRUNED:
         outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
     elif r.state != TrialState.COMPLETE:
@@ -95,7 +98,7 @@ def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
     return {"event": "trial", "number": r.number, "label": r.label, "chosen_because": r.chosen_because,
             "state": r.state.name.lower(), "params": r.params, "config": r.config, "feasible": r.feasible,
             "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
-            "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s,
+            "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s, "race": r.race,
             "gain_over": reference.label if reference is not None and not _same(r, reference) else None,
             "gain": (r.capacity_rps / reference.capacity_rps - 1) if reference is not None and not _same(r, reference)
             and reference.capacity_rps > 0 and r.feasible else None}

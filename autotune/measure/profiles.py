@@ -9,8 +9,11 @@ next load, or None when the measurement is complete. Profiles are pure: no engin
 - ``Ladder``: a trial's capacity search. It doubles while the SLOs hold, halves while they
   miss, then bisects (geometrically) between the last pass and the first miss, until the two
   are within ``resolution`` of each other or ``max_steps`` steps are spent.
+- ``Race``: a challenger's capacity search against the incumbent (the best capacity so far):
+  its first step is the incumbent's load, and a miss there ends it, since a config that misses
+  where the incumbent holds cannot win; a pass climbs on as the ladder does.
 
-Adding a profile (a race against the incumbent, a fixed-rate sweep) is one subclass here.
+Adding a profile (a fixed-rate sweep) is one subclass here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LoadProfile", "FixedLoad", "Ladder", "next_load"]
+__all__ = ["LoadProfile", "FixedLoad", "Ladder", "Race", "next_load"]
 
 Tried = Sequence[tuple[float, bool]]  # (load, passed) of each step so far, in order
 
@@ -51,6 +54,23 @@ class Ladder(LoadProfile):
 
     def next_load(self, tried: Tried) -> float | None:
         return next_load(tried, self.start, self.max_steps, self.resolution)
+
+
+@dataclass(frozen=True)
+class Race(LoadProfile):
+    incumbent: float  # the load of the best capacity so far
+    max_steps: int = 4
+    resolution: float = 1.25
+
+    def next_load(self, tried: Tried) -> float | None:
+        if self.lost(tried):
+            return None  # missed where the incumbent holds: whatever it reaches lower, it cannot win
+        return next_load(tried, self.incumbent, self.max_steps, self.resolution)
+
+    @staticmethod
+    def lost(tried: Tried) -> bool:
+        """Did the challenger miss at the incumbent's load (its first step)?"""
+        return bool(tried) and not tried[0][1]
 
 
 def next_load(tried: Tried, start: float, max_steps: int, resolution: float) -> float | None:

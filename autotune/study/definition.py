@@ -39,6 +39,7 @@ class Objective:
     max_steps: int = 4  # load steps per trial, at most
     resolution: float = 1.25  # stop refining when the failing load is within this factor of the passing one
     step_seconds: float | None = None  # how long each load step offers its load (default: the workload's span)
+    race: bool = True  # a sampled trial starts at the incumbent's capacity and stops if it misses there
 
     def scoring(self) -> Scoring:
         return scoring_for(self.kind, self.start_load, self.max_steps, self.resolution)
@@ -173,7 +174,8 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
                           start_load=obj.number("start_load", 1.0, above=0),
                           max_steps=obj.integer("max_steps", 4, at_least=1),
                           resolution=obj.number("resolution", 1.25, above=1),
-                          step_seconds=obj.duration("step_duration", None, above=0))
+                          step_seconds=obj.duration("step_duration", None, above=0),
+                          race=obj.boolean("race", True))
     obj.done()
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")

@@ -55,6 +55,7 @@ class Attr:
     REPLAY_S = "replay_s"
     TRIAL_WALL_S = "trial_wall_s"
     PREDICTED_CAPACITY_RPS = "predicted_capacity_rps"  # the simulator's prediction, where a study made one
+    RACE = "race"  # a sampled trial raced the incumbent: which, at what rate it started, whether it lost there
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
 
 
@@ -121,6 +122,11 @@ class TrialRecord:
     @property
     def chosen_because(self) -> str:
         return str(self.attrs.get(Attr.CHOSEN_BECAUSE) or (f"baseline {self.baseline}" if self.baseline else "sampled"))
+
+    @property
+    def race(self) -> dict[str, Any] | None:
+        """The incumbent this trial raced (``incumbent``, ``incumbent_rps``), and whether it ``lost`` there."""
+        return self.attrs.get(Attr.RACE)
 
     @property
     def predicted_capacity_rps(self) -> float | None:

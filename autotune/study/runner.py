@@ -44,6 +44,7 @@ from autotune.errors import ConfigError, Interrupted, TrialFailed
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
+from autotune.measure.profiles import LoadProfile, Race
 from autotune.measure.session import Outcome, measure_engine
 from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
                                     judge)
@@ -289,9 +290,16 @@ class StudyRun:
             trial.report(out.capacity_rps, len(out.steps) - 1)
             return trial.should_prune()
 
+        race = self._race(trial)
+        profile: LoadProfile = self.scoring.profile()
+        if race is not None:
+            profile = Race(race["start_load"], self.d.objective.max_steps, self.d.objective.resolution)
+            trial.set_user_attr(Attr.RACE, race)
+            self.show(f"trial {trial.number}: races trial {race['incumbent']}, starting at its capacity "
+                      f"{race['incumbent_rps']:.2f} req/s")
         log_dir = self.d.run_dir / "trials" / f"{trial.number:04d}"
         out = measure_engine(
-            self.d.command, args, self.table, self.steps.at, self.d.slos, self.scoring.profile(),
+            self.d.command, args, self.table, self.steps.at, self.d.slos, profile,
             log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, replay=ReplayOptions(),
             requests_file=log_dir / "requests.jsonl",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
@@ -299,6 +307,13 @@ class StudyRun:
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         self._record_timing(trial, out, time.monotonic() - t0)
         self._upload(trial, out)
+        if race is not None and out.failure is None and Race.lost([(st.load, st.passed) for st in out.steps]):
+            lost_at = out.steps[0].rate
+            self._record_steps(trial, out)
+            trial.set_user_attr(Attr.RACE, {**race, "lost": True, "missed_at_rps": lost_at})
+            self.show(f"trial {trial.number}: lost the race: missed the SLOs at {lost_at:.2f} req/s, where trial "
+                      f"{race['incumbent']} holds them")
+            raise optuna.TrialPruned(f"raced trial {race['incumbent']}: missed the SLOs at {lost_at:.2f} req/s")
         if out.stopped_early:
             self.show(f"trial {trial.number}: pruned at {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
             raise optuna.TrialPruned(f"capacity {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
@@ -316,10 +331,26 @@ class StudyRun:
             raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
 
         self._record_steps(trial, out)  # the final constraints and capacity
+        if race is not None:
+            trial.set_user_attr(Attr.RACE, {**race, "lost": False})
         cap = out.capacity
         trial.set_user_attr(Attr.CAPACITY_OUTPUT_TOK_S, cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         return self.scoring.value(out)
+
+    def _race(self, trial: optuna.Trial) -> dict[str, float | int] | None:
+        """The incumbent a sampled trial races (the feasible trial with the best capacity so far, baselines
+        included), or None: baselines and the first trials are measured in full, and so is every trial of a
+        study with ``race = false`` or an objective with no single winner."""
+        if not self.d.objective.race or not self.scoring.remeasured or trial.user_attrs.get(Attr.BASELINE):
+            return None
+        done = [TrialRecord.of(t) for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        best = max((r for r in done if r.feasible and r.values and r.values[0] > 0), key=lambda r: r.values[0],
+                   default=None)
+        base_rate = self.steps.base.rate
+        if best is None or not base_rate > 0:
+            return None
+        return {"incumbent": best.number, "incumbent_rps": best.values[0], "start_load": best.values[0] / base_rate}
 
     def _why(self, trial: optuna.Trial) -> str:
         """Why this config runs now, in the words the console and the dashboard show."""

@@ -1,0 +1,79 @@
+"""Racing the incumbent inside a trial (issue 10, item 3): a sampled trial's load ladder starts at the best
+capacity so far and stops at once if it misses the SLOs there; baselines and the re-measurement climb in full.
+
+The profile is pure (tests here drive it with made-up steps); the study runs against vllm-sim, where one
+sequence at a time is far below sixty-four, so the races' outcomes are known in advance: a trial with 64
+beats an incumbent with 1, a trial with 1 loses to an incumbent with 64.
+"""
+
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.measure.profiles import Ladder, Race
+from autotune.study.records import Attr
+from tests.conftest import free_port
+from tests.test_study_sim import STUDY
+
+
+def test_a_race_starts_at_the_incumbent_and_ends_at_its_first_miss():
+    race = Race(3.0, max_steps=4, resolution=1.25)
+    assert race.next_load([]) == 3.0
+    assert race.next_load([(3.0, False)]) is None and Race.lost([(3.0, False)])  # missed where the incumbent holds
+    assert race.next_load([(3.0, True)]) == 6.0 and not Race.lost([(3.0, True)])  # held: climbs as the ladder does
+    assert race.next_load([(3.0, True), (6.0, False)]) == pytest.approx(18 ** 0.5)
+    assert race.next_load([(3.0, True), (6.0, True), (12.0, True), (24.0, True)]) is None  # max_steps
+    # what the ladder would have done from the bottom, for the same config: several steps below the incumbent
+    assert Ladder(1.0).next_load([(1.0, True)]) == 2.0
+
+
+def test_sampled_trials_race_the_incumbent_and_losers_are_pruned_where_they_missed(tmp_path, tiny_model):
+    text = STUDY.format(name="race", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                        kind="capacity", trials=6)
+    text = text.replace('max_num_seqs = {{ type = "int", low = 2, high = 64, log = true, default = 64 }}'.replace(
+        "{{", "{").replace("}}", "}"), 'max_num_seqs = { type = "categorical", choices = [1, 64], default = 64 }')
+    text = text.replace('builtin = ["vllm-defaults", "xinference-legacy"]   # legacy: 70 % of the GPU, chunked prefill off',
+                        "builtin = []")
+    text = text.replace('extra = [{ name = "max-num-seqs-2", values = { max_num_seqs = 2 } }]',
+                        'extra = [{ name = "one-at-a-time", values = { max_num_seqs = 1, '
+                        'gpu_memory_utilization = 0.92 } }]')
+    assert "choices = [1, 64]" in text and "one-at-a-time" in text and "builtin = []" in text
+    path = tmp_path / "race.toml"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
+                       text=True, timeout=400, env={**os.environ, "AUTOTUNE_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    trials = optuna.load_study(study_name="race", storage=f"sqlite:///{tmp_path}/studies.db").trials
+    first = trials[0]
+    assert first.user_attrs[Attr.BASELINE] == "one-at-a-time" and Attr.RACE not in first.user_attrs
+    assert len(first.user_attrs[Attr.STEPS]) >= 2  # the baseline climbed the whole ladder
+
+    raced = [t for t in trials if Attr.RACE in t.user_attrs]
+    assert len(raced) == len(trials) - 1, [(t.number, t.user_attrs.get(Attr.RACE)) for t in trials]
+    outcomes = []
+    for t in raced:
+        race, steps = t.user_attrs[Attr.RACE], t.user_attrs[Attr.STEPS]
+        # the incumbent: the best feasible capacity among the trials before it
+        before = [u for u in trials[:t.number] if u.state is TrialState.COMPLETE]
+        best = max(before, key=lambda u: u.value)
+        assert race["incumbent"] == best.number and race["incumbent_rps"] == pytest.approx(best.value), (t.number, race)
+        assert steps[0]["rate"] == pytest.approx(race["incumbent_rps"])  # no step below the incumbent
+        if race["lost"]:
+            assert t.state is TrialState.PRUNED and len(steps) == 1 and not steps[0]["passed"], (t.number, steps)
+            assert race["missed_at_rps"] == pytest.approx(race["incumbent_rps"])
+        else:
+            assert t.state is TrialState.COMPLETE and t.value >= race["incumbent_rps"] * 0.999, (t.number, t.value)
+        outcomes.append((t.params["max_num_seqs"], race["lost"]))
+    print(f"races (max_num_seqs, lost): {outcomes}")
+    # 64 beats one at a time; once 64 is the incumbent, one at a time loses at its first step
+    assert (64, False) in outcomes, outcomes
+    first_win = outcomes.index((64, False))
+    assert all(lost for seqs, lost in outcomes[first_win:] if seqs == 1), outcomes
+    for t in raced:  # the console's trial line says why a loser stopped
+        if t.user_attrs[Attr.RACE]["lost"]:
+            assert (f"trial {t.number} (" in r.stderr and f"lost the race to trial {t.user_attrs[Attr.RACE]['incumbent']}: "
+                    "missed the SLOs at" in r.stderr), r.stderr[-3000:]
