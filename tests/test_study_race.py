@@ -77,3 +77,34 @@ def test_sampled_trials_race_the_incumbent_and_losers_are_pruned_where_they_miss
         if t.user_attrs[Attr.RACE]["lost"]:
             assert (f"trial {t.number} (" in r.stderr and f"lost the race to trial {t.user_attrs[Attr.RACE]['incumbent']}: "
                     "missed the SLOs at" in r.stderr), r.stderr[-3000:]
+
+
+# -- simulate first (issue 10, item 1) -----------------------------------------------------------------------------
+
+def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_best_first(tmp_path, tiny_model):
+    """vllm-sim as the engine and as the simulator (the one that models it: a ranking that must agree), a study
+    with one weak baseline: the predictions are stored in the study, the predicted best run right after the
+    baseline, and every trial carries its predicted capacity next to the measured one."""
+    text = STUDY.format(name="first", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                        kind="capacity", trials=4)
+    text = text.replace('builtin = ["vllm-defaults", "xinference-legacy"]   # legacy: 70 % of the GPU, chunked prefill off',
+                        "builtin = []")
+    path = tmp_path / "first.toml"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
+                       text=True, timeout=400, env={**os.environ, "AUTOTUNE_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    study = optuna.load_study(study_name="first", storage=f"sqlite:///{tmp_path}/studies.db")
+    predictions = study.user_attrs[Attr.SIM_PREDICTIONS]
+    assert len(predictions) == 8  # 2 memory utilizations x 4 values of max_num_seqs (2..64, log)
+    assert "simulated 8 configs in" in r.stderr, r.stderr[-2000:]
+    trials = study.trials
+    assert trials[0].user_attrs[Attr.BASELINE] == "max-num-seqs-2"
+    picked = [t for t in trials[1:] if t.user_attrs[Attr.CHOSEN_BECAUSE].startswith("simulator: predicted")]
+    assert [t.number for t in picked] == [1, 2, 3], [(t.number, t.user_attrs[Attr.CHOSEN_BECAUSE]) for t in trials]
+    best = max(p["capacity_rps"] for p in predictions)
+    assert picked[0].user_attrs[Attr.PREDICTED_CAPACITY_RPS] == pytest.approx(best)
+    for t in trials:  # predicted and measured, side by side on every trial (the dashboard shows both)
+        assert t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] is not None and Attr.CAPACITY_RPS in t.user_attrs
+    # the predicted best beat the predicted-weak baseline for real
+    assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[0].user_attrs[Attr.CAPACITY_RPS]

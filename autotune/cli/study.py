@@ -153,6 +153,19 @@ def _definition(a: argparse.Namespace):
                             timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
 
 
+def _simulator(d, run, steps):
+    """vllm-sim's predictions for this study's space, where vllm-sim models its GPU and its model; None where it
+    does not (a CPU host, a GPU or an architecture without a profile): the study then measures without them."""
+    from autotune.sim.rank import SpaceSimulator, profile_named
+
+    if not d.objective.simulate_first or d.command.engine_kind.name not in ("vllm", "vllm-sim"):
+        return None
+    gpu = profile_named(run.devices[0].name) if run.devices else None
+    if gpu is None or run.shape is None:
+        return None
+    return SpaceSimulator(run.shape, gpu, steps.at, steps.base.rate, d.slos)
+
+
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
@@ -182,6 +195,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         study = open_study(d)
         run = StudyRun(d, table, steps)
         run.show, run.notice = view.show, view.notice
+        run.predictor = _simulator(d, run, steps)
         run.callbacks = [lambda study, trial: view.trial_done(TrialRecord.of(trial), StudyResult.of(study))]
         try:
             run.optimize(study)

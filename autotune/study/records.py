@@ -57,6 +57,7 @@ class Attr:
     PREDICTED_CAPACITY_RPS = "predicted_capacity_rps"  # the simulator's prediction, where a study made one
     RACE = "race"  # a sampled trial raced the incumbent: which, at what rate it started, whether it lost there
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
+    SIM_PREDICTIONS = "sim_predictions"  # study attr: each point the simulator scored, and what it predicted
 
 
 def constraints_of(trial: FrozenTrial) -> list[float]:

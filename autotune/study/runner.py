@@ -30,6 +30,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import optuna
@@ -55,6 +56,8 @@ from autotune.workload.source import LoadSteps
 __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
+SIM_POINTS = 96  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
+SIM_FIRST = 3  # the predicted best, measured right after the baselines
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 
 
@@ -181,6 +184,9 @@ class StudyRun:
         self.host = socket.gethostname()
         self.devices = devices_of(d)
         self.callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = []
+        # the simulator, where one models this study's GPU and model (the CLI sets it: sim/rank.py): engine-arg
+        # values of each point -> what it predicts for each (``capacity_rps``, None when it would not start)
+        self.predictor: Callable[[list[dict[str, Any]]], list[Any]] | None = None
 
     @property
     def artifact_dir(self) -> Path:
@@ -235,6 +241,32 @@ class StudyRun:
                                                       Attr.BASELINE_NOTES: list(b.notes)})
         if shared_storage(self.d):
             self._dedupe_baselines(study)
+        if self.predictor is not None and self.scoring.remeasured:
+            self.simulate_first(study)
+
+    def simulate_first(self, study: optuna.Study) -> None:
+        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and enqueue
+        the predicted best few right after the baselines. Once per study: a resumed run finds the predictions."""
+        if Attr.SIM_PREDICTIONS in study.user_attrs:
+            return
+        points = self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0)
+        t0 = time.monotonic()
+        predicted = self.predictor([self.space.engine_args(v).values for v in points])
+        ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
+                        key=lambda x: -x[0])
+        failures = sum(1 for p in predicted if p.capacity_rps is None)
+        study.set_user_attr(Attr.SIM_PREDICTIONS, [{"values": v, **p.to_json()} for v, p in zip(points, predicted)])
+        self.notice(f"simulated {len(points)} configs in {time.monotonic() - t0:.0f} s: {failures} would not start; "
+                    + (f"best predicted {ranked[0][0]:.2f} req/s" if ranked else "none meets the SLOs"))
+        trials = study.get_trials(deepcopy=False)
+        # a waiting (enqueued) trial has no params yet: Optuna keeps them as its fixed params
+        queued = {tuple(sorted((t.params or t.system_attrs.get("fixed_params") or {}).items())) for t in trials}
+        room = SIM_FIRST if self.d.budget.trials is None else min(SIM_FIRST, self.d.budget.trials - len(trials))
+        picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][:max(room, 0)]
+        for rank, (capacity, values) in enumerate(picks, 1):
+            study.enqueue_trial(values, user_attrs={
+                Attr.CHOSEN_BECAUSE: f"simulator: predicted {capacity:.2f} req/s, #{rank} of {len(points)}",
+                Attr.PREDICTED_CAPACITY_RPS: capacity})
 
     @staticmethod
     def _dedupe_baselines(study: optuna.Study) -> None:
@@ -264,7 +296,10 @@ class StudyRun:
         args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
         label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
-        trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
+        if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
+            trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
+        if self.predictor is not None and Attr.PREDICTED_CAPACITY_RPS not in trial.user_attrs:
+            trial.set_user_attr(Attr.PREDICTED_CAPACITY_RPS, self.predictor([dict(args.values)])[0].capacity_rps)
         shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENV, dict(shown.env))

@@ -106,6 +106,27 @@ class Param:
             return trial.suggest_categorical(self.name, (False, True))
         return trial.suggest_categorical(self.name, self.choices)
 
+    def grid_values(self, points: int = 4) -> tuple[Value, ...]:
+        """A few values spanning the parameter (its choices; a range's ends, evenly spaced on its scale, and the
+        default), for scoring a space point by point without a sampler."""
+        if self.kind == "bool":
+            return (False, True)
+        if self.kind == "categorical":
+            return tuple(self.choices)
+        lo, hi = float(self.low), float(self.high)
+        ts = [i / (points - 1) for i in range(points)] if points > 1 else [0.0]
+        raw = [lo * (hi / lo) ** t if self.log else lo + (hi - lo) * t for t in ts]
+        if isinstance(self.default, (int, float)) and not isinstance(self.default, bool) and lo <= self.default <= hi:
+            raw.append(float(self.default))
+        out: list[Value] = []
+        for x in sorted(raw):
+            if self.step:
+                x = lo + round((x - lo) / self.step) * self.step
+            v = int(round(x)) if self.kind == "int" else round(x, 10)
+            if lo <= v <= hi and v not in out:
+                out.append(v)
+        return tuple(out)
+
     def expects(self, value: Any) -> str | None:
         """What a value of this parameter is, when ``value`` is not of its type (None: it is)."""
         if self.kind == "bool":
@@ -184,6 +205,25 @@ class Space:
 
     def names(self) -> list[str]:
         return [p.name for p in self.params]
+
+    def candidates(self, limit: int = 96, seed: int = 0) -> list[dict[str, Value]]:
+        """The space as a grid of points (``Param.grid_values``; a parameter switched off by its ``when`` is left
+        out), or ``limit`` of them drawn without replacement when the grid is larger: what a study scores in
+        virtual time before it measures anything."""
+        import random
+
+        points: list[dict[str, Value]] = [{}]
+        for p in self.params:  # declaration order: a switch comes before what depends on it
+            grown = []
+            for point in points:
+                if p.when is not None and not point.get(p.when, False):
+                    grown.append(point)
+                    continue
+                grown.extend({**point, p.name: v} for v in p.grid_values())
+            points = grown
+        if len(points) > limit:
+            points = random.Random(seed).sample(points, limit)
+        return points
 
     def with_fixed(self, fixed: EngineArgs, max_model_len: int | None) -> Space:
         return replace(self, fixed=fixed, max_model_len=max_model_len)

@@ -1,0 +1,101 @@
+"""A study's space scored in virtual time, before any engine starts (simulate first, issue 10).
+
+``SpaceSimulator(shape, gpu, workload, base_rate, slos)`` is what a study calls with a list of engine-arg
+values (each point's ``EngineArgs.values``, the space's rules applied) and gets, for each, the capacity the
+simulator predicts (the highest load at which every SLO holds, as the load ladder states it: the offered rate)
+or the start-up failure vLLM would print. The engine is vllm-sim's (start-up plan, scheduler, step model, the
+API server's costs); the client replays the study's own workload at load 1, its arrival times divided by the
+load (the same requests at every load, so a bisection on the load sees one monotone verdict).
+
+A prediction is a ranking aid, not a measurement: the study measures what it predicts and records both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.engine.model import ModelShape
+from autotune.measure.metrics import summarize
+from autotune.measure.slo import SLO
+from autotune.sim.config import SimConfig
+from autotune.sim.perf import API_SERVER
+from autotune.sim.profiles import GPUS, GpuProfile
+from autotune.sim.startup import plan_startup
+from autotune.sim.virtual import SimEngine, simulate
+from autotune.workload.trace import Workload
+
+__all__ = ["Predicted", "SpaceSimulator", "profile_named"]
+
+GRID = 8  # loads are 2 ** (k / GRID): 9 % apart, finer than the ladder's 1.25, and few enough to cache
+LOWEST = -4 * GRID  # load 1/16: below it a config "holds nothing" (capacity 0)
+HIGHEST = 4 * GRID  # load 16: the ladder's reach from load 1 in 4 steps is 8; above it, "at least"
+
+
+@dataclass(frozen=True)
+class Predicted:
+    capacity_rps: float | None  # None: it would not start
+    failure: str | None = None  # vLLM's start-up failure line, when it would not start
+    kv_cache_tokens: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capacity_rps": self.capacity_rps, "failure": self.failure, "kv_cache_tokens": self.kv_cache_tokens}
+
+
+def profile_named(device_name: str) -> GpuProfile | None:
+    """vllm-sim's profile of the GPU NVML names (``NVIDIA H100 80GB HBM3``), or None for a GPU it does not know."""
+    return next((g for g in GPUS.values() if g.name == device_name), None)
+
+
+class SpaceSimulator:
+    """Predicts each point's capacity on one GPU for one workload and its SLOs (see the module docstring)."""
+
+    def __init__(self, shape: ModelShape, gpu: GpuProfile, workload_at: Callable[[float], Workload],
+                 base_rate: float, slos: Sequence[SLO]) -> None:
+        self.shape, self.gpu, self.workload_at, self.base_rate = shape, gpu, workload_at, base_rate
+        self.slos = list(slos)
+
+    def __call__(self, points: Sequence[Mapping[str, Any]]) -> list[Predicted]:
+        return [self.one(values) for values in points]
+
+    def one(self, values: Mapping[str, Any]) -> Predicted:
+        config = SimConfig.from_args(values, self.gpu, self.shape)
+        error = config.validate()
+        if error is not None:
+            return Predicted(None, f"invalid args: {error}")
+        start = plan_startup(self.shape, self.gpu, config)
+        if start.plan is None:
+            return Predicted(None, (start.failure or ("start-up failed",))[0][:300])
+        plan = start.plan
+
+        def holds(k: int) -> bool:
+            engine = SimEngine(self.shape, self.gpu, config, plan, API_SERVER)
+            summary = summarize(simulate(engine, self.workload_at(2 ** (k / GRID)), warmup=4), self.slos)
+            return summary.failed == 0 and all(v.holds for v in summary.verdicts(self.slos))
+
+        k = highest_holding(holds, LOWEST, HIGHEST)
+        return Predicted(0.0 if k is None else self.base_rate * 2 ** (k / GRID), kv_cache_tokens=plan.kv_tokens)
+
+
+def highest_holding(holds: Callable[[int], bool], lo: int, hi: int, stride: int = GRID) -> int | None:
+    """The highest k in lo..hi where ``holds(k)``, assuming it is monotone (holding at k means holding at every
+    lower k, as queueing latency does); None when even ``lo`` misses. Gallops from 0 in ``stride``s, then bisects."""
+    if holds(0):
+        a = 0
+        while a < hi and holds(min(a + stride, hi)):
+            a = min(a + stride, hi)
+        if a >= hi:
+            return hi
+        b = min(a + stride, hi)
+    else:
+        b = 0
+        while b > lo and not holds(max(b - stride, lo)):
+            b = max(b - stride, lo)
+        if b <= lo:
+            return None
+        a = max(b - stride, lo)
+    while b - a > 1:
+        mid = (a + b) // 2
+        a, b = (mid, b) if holds(mid) else (a, mid)
+    return a
