@@ -108,3 +108,26 @@ def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_bes
         assert t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] is not None and Attr.CAPACITY_RPS in t.user_attrs
     # the predicted best beat the predicted-weak baseline for real
     assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[0].user_attrs[Attr.CAPACITY_RPS]
+
+
+def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_model):
+    """The simulator is an aid: a config it cannot model must not stop the study (pure: no engine starts)."""
+    from autotune.study.definition import load_study
+    from autotune.study.runner import StudyRun
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=4))
+    d = load_study(path)
+    said = []
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+
+    def broken(points):
+        raise ValueError("unknown dtype 'fp4'")
+
+    run.predictor = broken
+    study = optuna.create_study(direction="maximize")
+    run.simulate_first(study)
+    assert run.predictor is None and Attr.SIM_PREDICTIONS not in study.user_attrs and study.trials == []
+    assert said == ["the simulator failed (ValueError: unknown dtype 'fp4'); the study goes on without predictions"]

@@ -251,7 +251,9 @@ class StudyRun:
             return
         points = self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0)
         t0 = time.monotonic()
-        predicted = self.predictor([self.space.engine_args(v).values for v in points])
+        predicted = self._predict([self.space.engine_args(v).values for v in points])
+        if predicted is None:
+            return
         ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
                         key=lambda x: -x[0])
         failures = sum(1 for p in predicted if p.capacity_rps is None)
@@ -299,7 +301,9 @@ class StudyRun:
         if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
             trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
         if self.predictor is not None and Attr.PREDICTED_CAPACITY_RPS not in trial.user_attrs:
-            trial.set_user_attr(Attr.PREDICTED_CAPACITY_RPS, self.predictor([dict(args.values)])[0].capacity_rps)
+            predicted = self._predict([dict(args.values)])
+            if predicted is not None:
+                trial.set_user_attr(Attr.PREDICTED_CAPACITY_RPS, predicted[0].capacity_rps)
         shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENV, dict(shown.env))
@@ -372,6 +376,16 @@ class StudyRun:
         trial.set_user_attr(Attr.CAPACITY_OUTPUT_TOK_S, cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         return self.scoring.value(out)
+
+    def _predict(self, points: list[dict[str, Any]]) -> list[Any] | None:
+        """The simulator's predictions, or None once it failed: it is an aid, and a config it cannot model (an
+        arg it does not know) must not stop a study that would measure it fine."""
+        try:
+            return self.predictor(points) if self.predictor is not None else None
+        except Exception as e:  # noqa: BLE001 - any failure of the aid, said once, then the study goes on without it
+            self.notice(f"the simulator failed ({type(e).__name__}: {e}); the study goes on without predictions")
+            self.predictor = None
+            return None
 
     def _race(self, trial: optuna.Trial) -> dict[str, float | int] | None:
         """The incumbent a sampled trial races (the feasible trial with the best capacity so far, baselines
