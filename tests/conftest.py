@@ -28,7 +28,9 @@ def vllm_command() -> list[str]:
 
 @pytest.fixture(scope="session")
 def engine_env() -> dict[str, str]:
-    """CPU engine settings shared by the real-vLLM tests; the compile cache survives between tests and runs."""
+    """CPU engine settings shared by the real-vLLM tests. The compile cache is shared by the tests of one run
+    and lives under the run's temporary XDG_CACHE_HOME (see pytest_sessionstart), never in the user's ~/.cache:
+    a cache that survives between runs could hide a change."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotune-tests" / "vllm"
     return {"VLLM_CACHE_ROOT": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
 
@@ -128,10 +130,93 @@ def _leftovers(mark: str) -> list:
     return found
 
 
+# Where a test run must write nothing. The repository's working tree, less what tools own there (git, the
+# virtual environments the install scripts make before pytest, bytecode, pytest's and Hypothesis' own
+# caches); models/ is built by scripts/install_cpu.sh before pytest and must not change during it.
+_REPO_SKIP = {".git", ".venv", ".venv-xinference", "__pycache__", ".pytest_cache", ".hypothesis",
+              ".mypy_cache", ".ruff_cache"}
+# And the user's own dirs, by the names autotune, vLLM, Hugging Face and torch write under.
+_HOME_DIRS = (".cache", ".config", ".local/state", ".local/share")
+_HOME_NAMES = ("autotune", "vllm", "huggingface", "torch", "triton", "optuna")
+
+
+def _walk(top: Path, skip=frozenset()) -> dict:
+    """path -> (mtime_ns, size) for files and links, None for directories."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for d in dirnames:
+            found[os.path.join(dirpath, d)] = None
+        for f in filenames:
+            path = os.path.join(dirpath, f)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            found[path] = (st.st_mtime_ns, st.st_size)
+    return found
+
+
+def _written_places(home: Path) -> dict:
+    snap = _walk(ROOT, _REPO_SKIP)
+    for sub in _HOME_DIRS:
+        base = home / sub
+        if not base.is_dir():
+            continue
+        for entry in base.iterdir():
+            if entry.name.lower().startswith(_HOME_NAMES):
+                snap[str(entry)] = None if entry.is_dir() else (entry.lstat().st_mtime_ns, entry.lstat().st_size)
+                if entry.is_dir() and not entry.is_symlink():
+                    snap.update(_walk(entry))
+    return snap
+
+
+def _unexpected_writes(before: dict, after: dict) -> list[str]:
+    """One line per path made, changed or removed; a new or removed directory hides what is under it."""
+    lines, covered = [], []
+    for path in sorted(set(before) | set(after)):
+        if any(path.startswith(c + os.sep) for c in covered):
+            continue
+        if path not in before:
+            lines.append(f"made: {path}")
+        elif path not in after:
+            lines.append(f"removed: {path}")
+        elif before[path] != after[path]:
+            lines.append(f"changed: {path}")
+        else:
+            continue
+        if after.get(path, before.get(path)) is None:
+            covered.append(path)
+    return lines
+
+
 def pytest_sessionstart(session):
+    import shutil
+    import tempfile
     import uuid
 
     os.environ[_RUN_MARK] = session.config._autotune_mark = uuid.uuid4().hex
+    # the listing is taken before anything runs; the XDG dirs then point into one temp dir for the run, so
+    # autotune's flag cache and state, vLLM's config and caches and Hugging Face's cache stay out of $HOME
+    home = Path.home()
+    session.config._autotune_written = (home, _written_places(home))
+    xdg = Path(tempfile.mkdtemp(prefix="autotune-tests-xdg-"))
+    for name in ("XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
+        (xdg / name.lower()).mkdir()
+        os.environ[name] = str(xdg / name.lower())
+    session.config.add_cleanup(lambda: shutil.rmtree(xdg, ignore_errors=True))
+
+
+def _check_writes(session) -> None:
+    """A run that wrote into the working tree or the user's dirs fails, naming each path on a line."""
+    recorded = getattr(session.config, "_autotune_written", None)
+    if recorded is None:
+        return
+    home, before = recorded
+    lines = _unexpected_writes(before, _written_places(home))
+    if lines:
+        print("\nfiles the test run wrote outside temp dirs:\n  " + "\n  ".join(lines), file=sys.stderr)
+        session.exitstatus = 1
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -141,6 +226,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     import psutil
 
+    _check_writes(session)
     mark = getattr(session.config, "_autotune_mark", None)
     if mark is None:
         return
