@@ -444,6 +444,67 @@ def test_daemon_says_when_it_cannot_scrape_and_when_it_can_again(tmp_path, tiny_
     assert run.lines("autotune: daemon")[-1] == "autotune: daemon stopped by SIGTERM"
 
 
+def test_the_daemon_speaks_sd_notify_from_its_run_loop(tmp_path, tiny_model, cleanup, monkeypatch):
+    """``autotune daemon`` as systemd runs it (Type=notify, WatchdogSec=2): a real AF_UNIX datagram socket stands
+    where systemd's is. READY=1 once it runs, WATCHDOG=1 well within the watchdog (systemd kills a daemon silent
+    for WatchdogSec), STATUS= lines, RELOADING=1 then READY=1 on SIGHUP, STOPPING=1 on SIGTERM."""
+    import socket
+
+    where = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(where))
+    sock.settimeout(0.2)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(where))
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)  # systemd sets it to the main pid; unset: this process
+    state, prod_port = tmp_path / "state", free_port()  # production does not answer: the loop goes on
+    config = tmp_path / "etc" / "production.yaml"
+    config.parent.mkdir()
+    config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\ntokenizer: {tiny_model}\n")
+    write_study(tmp_path, tiny_model, free_port(), step="2s", trials=3)
+    path = tmp_path / "daemon.toml"
+    path.write_text(DAEMON.format(prod_port=prod_port, root=tmp_path, restart='["true"]', approval="false"))
+    scrape_every_second(path)
+    got: list[tuple[float, str]] = []
+
+    def listen(seconds: float, until: str | None = None) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                got.append((time.monotonic(), sock.recv(4096).decode()))
+            except TimeoutError:
+                continue
+            if until is not None and until in got[-1][1]:
+                return
+
+    try:
+        run = Autotune(tmp_path, "daemon", "daemon", "--config", str(path), state=state)
+        cleanup[0].append(run.proc)
+        listen(60, until="READY=1")
+        assert got and "READY=1" in got[-1][1], (got, run.stderr[-2000:])
+        ready_at = got[-1][0]
+        listen(6)
+        pings = [t for t, text in got if "WATCHDOG=1" in text and t >= ready_at]
+        assert len(pings) >= 3, got
+        gaps = [b - a for a, b in zip([ready_at, *pings], pings)]
+        assert max(gaps) < 2.0, gaps  # never as long as WatchdogSec
+        assert any(text.startswith("STATUS=watching") for _, text in got), got
+        n = len(got)
+        run.proc.send_signal(signal.SIGHUP)
+        listen(20, until="READY=1")
+        after = [text for _, text in got[n:]]
+        reloading = next(i for i, text in enumerate(after) if "RELOADING=1" in text)
+        assert "MONOTONIC_USEC=" in after[reloading] and any("READY=1" in x for x in after[reloading:]), after
+        n = len(got)
+        run.proc.send_signal(signal.SIGTERM)
+        listen(10, until="STOPPING=1")
+        assert any("STOPPING=1" in text for _, text in got[n:]), got[n:]
+        run.proc.wait(timeout=STOP_WITHIN)
+        assert run.proc.returncode == 0
+    finally:
+        sock.close()
+
+
 # -- real vLLM -----------------------------------------------------------------------------------------
 
 
