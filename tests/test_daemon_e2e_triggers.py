@@ -52,6 +52,8 @@ def test_users_doubling_their_rate_start_a_drift_tuning_for_the_new_rate(prod: P
     assert started and started[0].startswith("traffic drift "), seen
     score, threshold = started[0].removeprefix("traffic drift ").split(" > ")
     assert float(score) > 0.5 and threshold == "0.50", started
+    exported = d.metrics.registry.get_sample_value("autotune_traffic_drift_score")
+    assert exported == pytest.approx(float(score), abs=0.005), (exported, score)
     assert d.state.phase is Phase.TUNING and "imitating" in d.state.note and "at least" not in d.state.note, seen
     # the tuning imitates the new traffic (its window may still hold a little of the old), not the tuned one
     assert d.fingerprint.request_rate > 1.4 * tuned, (d.fingerprint, tuned)

@@ -85,8 +85,11 @@ def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_s
     assert sampled and len([t for t in trials if t.state.is_finished()]) <= BUDGET, [
         (t.number, t.state, t.user_attrs.get(Attr.BASELINE)) for t in trials]
     assert _sample(d, "autotune_tunings_total", trigger="requested") == 2
+    best = _sample(d, "autotune_best_capacity_requests_per_second")  # the re-measured winner's capacity
+    assert best is not None and best > 0, best
     chosen = [e for e in d.history.entries() if e.source.get("study") == second]
     if chosen:  # production ran 2 sequences at a time under 5 req/s: a wider config may well win; never its own
         pick = next(t for t in trials if t.number == chosen[0].source["trial"])
         print(f"it chose trial {pick.number} ({pick.user_attrs.get(Attr.BASELINE) or 'sampled'}): {pick.params}")
         assert pick.user_attrs.get(Attr.BASELINE) != "production" and seqs(pick) != 2, pick.params
+        assert best == pytest.approx(pick.user_attrs[Attr.CAPACITY_RPS]), (best, pick.user_attrs[Attr.CAPACITY_RPS])
