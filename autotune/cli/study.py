@@ -163,7 +163,9 @@ def _simulator(d, run, steps):
     gpu = profile_named(run.devices[0].name) if run.devices else None
     if gpu is None or run.shape is None:
         return None
-    return SpaceSimulator(run.shape, gpu, steps.at, steps.base.rate, d.slos)
+    # the step's requests are the base workload's, repeated (no prompt is built: only token counts matter to the
+    # simulator), and 400 at most: a steady state in a fraction of a second of CPU per load
+    return SpaceSimulator(run.shape, gpu, lambda load: steps.repeated(load, max_requests=400), steps.base.rate, d.slos)
 
 
 def cmd_study(a: argparse.Namespace) -> int:

@@ -1,11 +1,12 @@
 """A study's space scored in virtual time, before any engine starts (simulate first, issue 10).
 
-``SpaceSimulator(shape, gpu, workload, base_rate, slos)`` is what a study calls with a list of engine-arg
+``SpaceSimulator(shape, gpu, workload_at, base_rate, slos)`` is what a study calls with a list of engine-arg
 values (each point's ``EngineArgs.values``, the space's rules applied) and gets, for each, the capacity the
-simulator predicts (the highest load at which every SLO holds, as the load ladder states it: the offered rate)
-or the start-up failure vLLM would print. The engine is vllm-sim's (start-up plan, scheduler, step model, the
-API server's costs); the client replays the study's own workload at load 1, its arrival times divided by the
-load (the same requests at every load, so a bisection on the load sees one monotone verdict).
+simulator predicts (the highest load at which every SLO holds, as the load ladder states it: the offered rate,
+``base_rate`` x the load) or the start-up failure vLLM would print. The engine is vllm-sim's (start-up plan,
+scheduler, step model, the API server's costs); the client replays the study's own load steps
+(``workload_at(load)``: the same duration at every load, as the trials measure it) on a grid of loads 9 % apart,
+galloped then bisected, assuming a config that holds at a load holds at every lower one.
 
 A prediction is a ranking aid, not a measurement: the study measures what it predicts and records both.
 """

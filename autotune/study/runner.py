@@ -56,7 +56,7 @@ from autotune.workload.source import LoadSteps
 __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
-SIM_POINTS = 96  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
+SIM_POINTS = 48  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
 SIM_FIRST = 3  # the predicted best, measured right after the baselines
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 

@@ -206,7 +206,7 @@ class Space:
     def names(self) -> list[str]:
         return [p.name for p in self.params]
 
-    def candidates(self, limit: int = 96, seed: int = 0) -> list[dict[str, Value]]:
+    def candidates(self, limit: int = 48, seed: int = 0) -> list[dict[str, Value]]:
         """The space as a grid of points (``Param.grid_values``; a parameter switched off by its ``when`` is left
         out), or ``limit`` of them drawn without replacement when the grid is larger: what a study scores in
         virtual time before it measures anything."""

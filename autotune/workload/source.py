@@ -102,6 +102,16 @@ class LoadSteps:
             drawn = load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
                                  seed=self.spec.seed + int(load_factor * 1000)))
             return replace(drawn, offered_rate=rate)
+        return self.repeated(load_factor)
+
+    def repeated(self, load_factor: float, max_requests: int | None = None) -> Workload:
+        """The step at ``load_factor`` made of the base workload's own requests, replayed again from its start
+        (shifted in time) as often as the step needs, at most ``max_requests``: a trace's steps, and a cheap
+        stand-in for a synthetic one where only token counts matter (the simulator: no prompt is built)."""
+        rate = self.base.rate * load_factor
+        n = max(2, math.ceil(rate * self.duration_s))
+        if max_requests is not None:
+            n = min(n, max(2, max_requests))
         scaled = self.base.scaled(load_factor)
         period = scaled.span_s + (1.0 / rate if math.isfinite(rate) else 0.0)
         reqs = []
