@@ -58,6 +58,7 @@ __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
 SIM_POINTS = 48  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
 SIM_FIRST = 3  # the predicted best, measured right after the baselines
+SIM_PICKS, SIM_QUEUED = "sim_picks", "sim_picks_queued"  # study attrs: the picks, and whether they were queued
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 
 
@@ -243,9 +244,10 @@ class StudyRun:
             self._dedupe_baselines(study)
         if self.predictor is not None and self.scoring.remeasured:
             self.simulate_first(study)
+        self._queue_sim_picks(study)  # a resumed study whose baselines are done: its picks, if not queued yet
 
     def simulate_first(self, study: optuna.Study) -> None:
-        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and enqueue
+        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and queue
         the predicted best few right after the baselines. Once per study: a resumed run finds the predictions."""
         if Attr.SIM_PREDICTIONS in study.user_attrs:
             return
@@ -265,10 +267,22 @@ class StudyRun:
         queued = {tuple(sorted((t.params or t.system_attrs.get("fixed_params") or {}).items())) for t in trials}
         room = SIM_FIRST if self.d.budget.trials is None else min(SIM_FIRST, self.d.budget.trials - len(trials))
         picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][:max(room, 0)]
-        for rank, (capacity, values) in enumerate(picks, 1):
-            study.enqueue_trial(values, user_attrs={
-                Attr.CHOSEN_BECAUSE: f"simulator: predicted {capacity:.2f} req/s, #{rank} of {len(points)}",
-                Attr.PREDICTED_CAPACITY_RPS: capacity})
+        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} "
+                                         f"req/s, #{rank} of {len(points)}"} for rank, (c, v) in enumerate(picks, 1)])
+        self._queue_sim_picks(study)
+
+    def _queue_sim_picks(self, study: optuna.Study, _: FrozenTrial | None = None) -> None:
+        """Queue the simulator's picks once no baseline is left to run (after each trial, too): a baseline that
+        an interrupted run queued again still runs before them."""
+        if SIM_PICKS not in study.user_attrs or study.user_attrs.get(SIM_QUEUED):
+            return
+        pending = (TrialState.WAITING, TrialState.RUNNING)
+        if any(t.user_attrs.get(Attr.BASELINE) for t in study.get_trials(deepcopy=False, states=pending)):
+            return
+        study.set_user_attr(SIM_QUEUED, True)
+        for pick in study.user_attrs[SIM_PICKS]:
+            study.enqueue_trial(pick["values"], user_attrs={Attr.CHOSEN_BECAUSE: pick["why"],
+                                                            Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]})
 
     @staticmethod
     def _dedupe_baselines(study: optuna.Study) -> None:
@@ -458,7 +472,7 @@ class StudyRun:
         if n == 0:
             self.notice(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
-        callbacks = [self._notes, *self.callbacks]
+        callbacks = [self._notes, self._queue_sim_picks, *self.callbacks]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
