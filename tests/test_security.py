@@ -25,9 +25,9 @@ TOKEN, CREDS = "hf_sekrit_token_1234", "sekrit_creds_5678"  # HF_TOKEN by its na
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def autotune(*args, timeout=120, **env):
+def autotune(*args, timeout=120, cwd=ROOT, **env):
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, **env})
+                          cwd=cwd, env={**os.environ, **env})
 
 
 def mode(path: Path) -> int:
@@ -187,7 +187,8 @@ def test_a_study_cannot_trust_remote_code_without_leave(tmp_path, tiny_model, pl
 def test_a_study_run_stops_before_launching_an_engine_that_trusts_remote_code(tmp_path, tiny_model, sim_wrapper):
     exe, seen = sim_wrapper
     path = study_file(tmp_path, tiny_model, command=str(exe), args_extra='"trust-remote-code" = true')
-    r = autotune("study", str(path), timeout=120, AUTOTUNE_STATE_DIR=str(tmp_path / "state"))
+    # run from tmp_path: a study without runs_dir writes its log and report under ./runs
+    r = autotune("study", str(path), timeout=120, cwd=tmp_path, AUTOTUNE_STATE_DIR=str(tmp_path / "state"))
     assert r.returncode == 2 and "allow_trust_remote_code" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     assert not seen.exists()  # nothing was launched
 
