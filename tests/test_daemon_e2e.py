@@ -177,14 +177,21 @@ class Prod:
         subprocess.run([sys.executable, str(SERVICE), "stop", str(self.service)], check=False)
 
 
-@pytest.fixture
-def prod(tmp_path, tiny_model, state_dir):
+def running(tmp_path: Path, tiny_model: Path, max_num_seqs: int = 2):
+    """Production started with ``max_num_seqs`` sequences at a time, stopped (with what it started) at the end."""
     p = Prod(tmp_path, tiny_model)
+    p.config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\nmax-num-seqs: {max_num_seqs}\n"
+                        f"tokenizer: {tiny_model}\n")
     try:
         p.start()
         yield p
     finally:
         p.close()
+
+
+@pytest.fixture
+def prod(tmp_path, tiny_model, state_dir):
+    yield from running(tmp_path, tiny_model)
 
 
 def ticks(d: Daemon, seconds: float, until=lambda d: False) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from autotune.daemon.state import Phase
-from tests.test_daemon_e2e import Prod, Users, ticks
+from tests.test_daemon_e2e import Users, running, ticks
 
 RATE = 14.0  # users' requests per second: about twice what four sequences at a time serve here
 TOKENS = 16
@@ -35,13 +35,7 @@ class LongerUsers(Users):
 
 @pytest.fixture
 def saturated(tmp_path, tiny_model, state_dir):
-    p = Prod(tmp_path, tiny_model)
-    p.config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\nmax-num-seqs: 4\ntokenizer: {tiny_model}\n")
-    try:
-        p.start()
-        yield p
-    finally:
-        p.close()
+    yield from running(tmp_path, tiny_model, max_num_seqs=4)
 
 
 def test_a_saturated_production_is_tuned_for_what_users_send(saturated):

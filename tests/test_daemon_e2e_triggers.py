@@ -14,19 +14,13 @@ import pytest
 
 from autotune.daemon.state import DaemonState, Phase
 from autotune.study.definition import load_study
-from tests.test_daemon_e2e import RATE, Prod, Users, ticks, watched_a_full_window
+from tests.test_daemon_e2e import RATE, Prod, Users, running, ticks, watched_a_full_window
 
 
 @pytest.fixture
 def prod(tmp_path, tiny_model, state_dir):
     """Production with room for its users at 2x their rate (16 sequences): a drift, not a saturation."""
-    p = Prod(tmp_path, tiny_model)
-    p.config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\nmax-num-seqs: 16\ntokenizer: {tiny_model}\n")
-    try:
-        p.start()
-        yield p
-    finally:
-        p.close()
+    yield from running(tmp_path, tiny_model, max_num_seqs=16)
 
 
 def _no_child(d) -> list[str]:
