@@ -294,6 +294,18 @@ def scrape_every_second(path: Path) -> None:
     path.write_text(text.replace('window = "5s"', 'scrape_interval = "1s"\nwindow = "3s"'))
 
 
+def daemon_file(tmp_path: Path, tiny_model: Path, prod_port: int) -> Path:
+    """A daemon file for production at ``prod_port`` (its YAML written, its restart a no-op), scraping every second."""
+    config = tmp_path / "etc" / "production.yaml"
+    config.parent.mkdir()
+    config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\ntokenizer: {tiny_model}\n")
+    write_study(tmp_path, tiny_model, free_port(), step="2s", trials=3)
+    path = tmp_path / "daemon.toml"
+    path.write_text(DAEMON.format(prod_port=prod_port, root=tmp_path, restart='["true"]', approval="false"))
+    scrape_every_second(path)
+    return path
+
+
 def test_daemon_stops_its_tuning_and_staging_engine_on_sigterm(setup, tmp_path, tiny_model, cleanup):
     make, prod_port, _ = setup  # production serves: a vllm-sim behind a systemctl stand-in
     path = make().source
@@ -384,13 +396,7 @@ def test_a_daemon_stopped_mid_trial_measures_the_cut_baseline_when_it_starts_aga
 
 def test_daemon_says_when_it_cannot_scrape_and_when_it_can_again(tmp_path, tiny_model, cleanup):
     state, prod_port = tmp_path / "state", free_port()  # nothing listens there yet
-    config = tmp_path / "etc" / "production.yaml"
-    config.parent.mkdir()
-    config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\ntokenizer: {tiny_model}\n")
-    write_study(tmp_path, tiny_model, free_port(), step="2s", trials=3)
-    path = tmp_path / "daemon.toml"
-    path.write_text(DAEMON.format(prod_port=prod_port, root=tmp_path, restart='["true"]', approval="false"))
-    scrape_every_second(path)
+    path = daemon_file(tmp_path, tiny_model, prod_port)
     run = Autotune(tmp_path, "daemon", "daemon", "--config", str(path), state=state)
     cleanup[0].append(run.proc)
 
@@ -459,13 +465,7 @@ def test_the_daemon_speaks_sd_notify_from_its_run_loop(tmp_path, tiny_model, cle
     monkeypatch.setenv("WATCHDOG_USEC", "2000000")
     monkeypatch.delenv("WATCHDOG_PID", raising=False)  # systemd sets it to the main pid; unset: this process
     state, prod_port = tmp_path / "state", free_port()  # production does not answer: the loop goes on
-    config = tmp_path / "etc" / "production.yaml"
-    config.parent.mkdir()
-    config.write_text(f"model: llama-3.1-8b\nmax-model-len: 8192\ntokenizer: {tiny_model}\n")
-    write_study(tmp_path, tiny_model, free_port(), step="2s", trials=3)
-    path = tmp_path / "daemon.toml"
-    path.write_text(DAEMON.format(prod_port=prod_port, root=tmp_path, restart='["true"]', approval="false"))
-    scrape_every_second(path)
+    path = daemon_file(tmp_path, tiny_model, prod_port)
     got: list[tuple[float, str]] = []
 
     def listen(seconds: float, until: str | None = None) -> None:
