@@ -361,8 +361,7 @@ class StudyRun:
         self._record_timing(trial, out, time.monotonic() - t0)
         self._upload(trial, out)
         if race is not None and out.failure is None and Race.lost([(st.load, st.passed) for st in out.steps]):
-            lost_at = out.steps[0].rate
-            self._record_steps(trial, out)
+            lost_at = out.steps[0].rate  # its steps and constraints are recorded already, by on_step
             trial.set_user_attr(Attr.RACE, {**race, "lost": True, "missed_at_rps": lost_at})
             self.show(f"trial {trial.number}: lost the race: missed the SLOs at {lost_at:.2f} req/s, where trial "
                       f"{race['incumbent']} holds them")
