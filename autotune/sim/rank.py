@@ -1,6 +1,6 @@
 """A study's space scored in virtual time, before any engine starts (simulate first, issue 10).
 
-``SpaceSimulator(shape, gpu, workload_at, base_rate, slos)`` is what a study calls with a list of engine-arg
+``SpaceSimulator(shape, gpu, workload_at, base_rate, slos, front_end)`` is what a study calls with a list of engine-arg
 values (each point's ``EngineArgs.values``, the space's rules applied) and gets, for each, the capacity the
 simulator predicts (the highest load at which every SLO holds, as the load ladder states it: the offered rate,
 ``base_rate`` x the load) or the start-up failure vLLM would print. The engine is vllm-sim's (start-up plan,
@@ -21,13 +21,13 @@ from autotune.engine.model import ModelShape
 from autotune.measure.metrics import summarize
 from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
-from autotune.sim.perf import API_SERVER
-from autotune.sim.profiles import GPUS, GpuProfile
+from autotune.sim.perf import API_SERVER, FrontEnd
+from autotune.sim.profiles import GpuProfile
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
 from autotune.workload.trace import Workload
 
-__all__ = ["Predicted", "SpaceSimulator", "profile_named"]
+__all__ = ["Predicted", "SpaceSimulator"]
 
 GRID = 8  # loads are 2 ** (k / GRID): 9 % apart, finer than the ladder's 1.25, and few enough to cache
 LOWEST = -4 * GRID  # load 1/16: below it a config "holds nothing" (capacity 0)
@@ -44,18 +44,14 @@ class Predicted:
         return {"capacity_rps": self.capacity_rps, "failure": self.failure, "kv_cache_tokens": self.kv_cache_tokens}
 
 
-def profile_named(device_name: str) -> GpuProfile | None:
-    """vllm-sim's profile of the GPU NVML names (``NVIDIA H100 80GB HBM3``), or None for a GPU it does not know."""
-    return next((g for g in GPUS.values() if g.name == device_name), None)
-
-
 class SpaceSimulator:
     """Predicts each point's capacity on one GPU for one workload and its SLOs (see the module docstring)."""
 
     def __init__(self, shape: ModelShape, gpu: GpuProfile, workload_at: Callable[[float], Workload],
-                 base_rate: float, slos: Sequence[SLO]) -> None:
+                 base_rate: float, slos: Sequence[SLO], front_end: FrontEnd = API_SERVER) -> None:
         self.shape, self.gpu, self.workload_at, self.base_rate = shape, gpu, workload_at, base_rate
         self.slos = list(slos)
+        self.front_end = front_end
 
     def __call__(self, points: Sequence[Mapping[str, Any]]) -> list[Predicted]:
         return [self.one(values) for values in points]
@@ -71,7 +67,7 @@ class SpaceSimulator:
         plan = start.plan
 
         def holds(k: int) -> bool:
-            engine = SimEngine(self.shape, self.gpu, config, plan, API_SERVER)
+            engine = SimEngine(self.shape, self.gpu, config, plan, self.front_end)
             summary = summarize(simulate(engine, self.workload_at(2 ** (k / GRID)), warmup=4), self.slos)
             return summary.failed == 0 and all(v.holds for v in summary.verdicts(self.slos))
 

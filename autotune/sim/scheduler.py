@@ -77,6 +77,35 @@ class NoBlocks(Exception):
     pass
 
 
+class FreeQueue:
+    """The free blocks in eviction order: the never-used ones first, in order (vLLM's queue starts as every
+    block), then the freed ones, oldest first. Held as a counter and the freed blocks, so that a cache of a
+    million blocks (a small model on a big host) costs nothing to set up."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.next_fresh = 0  # every block from here on was never used
+        self.freed: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.num_blocks - self.next_fresh + len(self.freed)
+
+    def __contains__(self, block: int) -> bool:
+        return self.next_fresh <= block < self.num_blocks or block in self.freed
+
+    def popleft(self) -> int:
+        if self.next_fresh < self.num_blocks:
+            self.next_fresh += 1
+            return self.next_fresh - 1
+        return self.freed.popitem(last=False)[0]
+
+    def remove(self, block: int) -> None:
+        del self.freed[block]  # only a block used before (a cached one) is taken out of order
+
+    def append(self, block: int) -> None:
+        self.freed[block] = None
+
+
 class KVCache:
     """Blocks with reference counts, a free queue in eviction order, and the prefix-cache map."""
 
@@ -85,7 +114,7 @@ class KVCache:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.ref = [0] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # front: evicted first
+        self.free = FreeQueue(num_blocks)  # front: evicted first
         self.cached: dict[int, int] = {}  # block hash -> block
         self.hash_of: dict[int, int] = {}  # block -> its hash, while cached
         self.queries = 0  # prefix-cache lookups, in tokens (vllm:prefix_cache_queries_total)
@@ -133,11 +162,11 @@ class KVCache:
             return False
         for b in computed:
             if self.ref[b] == 0:
-                del self.free[b]
+                self.free.remove(b)
             self.ref[b] += 1
             req.blocks.append(b)
         for _ in range(max(need, 0)):
-            b, _ = self.free.popitem(last=False)
+            b = self.free.popleft()
             h = self.hash_of.pop(b, None)
             if h is not None and self.cached.get(h) == b:
                 del self.cached[h]  # evicted
@@ -165,7 +194,7 @@ class KVCache:
         for b in reversed(req.blocks):
             self.ref[b] -= 1
             if self.ref[b] == 0:
-                self.free[b] = None
+                self.free.append(b)
         req.blocks = []
         req.num_hashed_blocks = 0
 

