@@ -187,6 +187,14 @@ def main() -> int:
           f"{summary['spearman_median']:+.2f}, range {summary['spearman_min']:+.2f} to {summary['spearman_max']:+.2f}; "
           f"uncalibrated profile median {summary['spearman_nominal_median']:+.2f}; the fitted simulator's top pick "
           f"is a median {100 * summary['regret_median']:.0f} % below the held-out best")
+    # the fit of every measured config: what `autotune calibrate` on this study keeps (and what
+    # tests/test_study_vllm_learning.py starts from, as an earlier study's calibration of this host)
+    whole = calibrate(shape, "cpu", d.command.model, all_steps,
+                      lambda load: steps.repeated(load, max_requests=MAX_REQUESTS), evaluations=150, study=d.name)
+    summary["fit_all"] = {"constants": whole.constants, "loss_before": whole.loss_before,
+                          "loss_after": whole.loss_after, "steps": whole.steps}
+    print(f"fit on all {len(measured)} configs: log error {whole.loss_before:.3f} -> {whole.loss_after:.3f}; "
+          + ", ".join(f"{k} {v:.3g}" for k, v in whole.constants.items()))
     if a.json:
         a.json.write_text(json.dumps(summary, indent=1))
     return 0

@@ -178,8 +178,8 @@ def test_after_a_trial_the_refitted_simulator_queues_the_config_it_now_predicts_
     assert len(refits) == 1 and said == []
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [t.system_attrs["fixed_params"]["max_num_seqs"] for t in waiting] == [32]
-    assert waiting[0].user_attrs[Attr.CHOSEN_BECAUSE] == ("simulator, refitted on 1 measured trials: predicted 12.00 "
-                                                          "req/s, above the best measured 9.00")
+    assert waiting[0].user_attrs[Attr.CHOSEN_BECAUSE] == (f"simulator, refitted after trial {last.number}: predicted "
+                                                          "12.00 req/s, above the best measured 9.00")
     run._learn(study, last)  # one pick at a time: nothing more while it waits
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 1 and len(refits) == 1
 
@@ -210,3 +210,15 @@ def test_a_simulator_that_keeps_missing_hands_the_search_to_tpe(tmp_path, tiny_m
         study.user_attrs
     assert "measured 2.00 req/s where it predicted 6.00" in study.user_attrs[SIM_STOPPED]
     assert said[-1].endswith("TPE chooses from here on")
+
+
+def test_a_refit_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_model):
+    run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 12.0, 16: 7.0, 2: 1.0}.get)
+
+    def broken(study):
+        raise RuntimeError("cmaes diverged")
+
+    run.refit = broken
+    run._learn(study, _measured(study, 64, 9.0, 10.0))
+    assert run.refit is None and run.predictor is not None and study.get_trials(states=(TrialState.WAITING,)) == []
+    assert said == ["the simulator's refit failed (RuntimeError: cmaes diverged); it predicts with its last fit"]

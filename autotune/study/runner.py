@@ -327,7 +327,12 @@ class StudyRun:
         if any(t.state == TrialState.WAITING for t in trials) or self.remaining(study) == 0:
             return  # what is queued runs first; a spent budget needs no next pick
         if trial.state == TrialState.COMPLETE:
-            self.refit(study)
+            try:
+                self.refit(study)
+            except Exception as e:  # noqa: BLE001 - an aid that fails is said once; its last fit keeps predicting
+                self.notice(f"the simulator's refit failed ({type(e).__name__}: {e}); it predicts with its last fit")
+                self.refit = None
+                return
         records = [TrialRecord.of(t) for t in trials]
         missed = simulator_misses(records)
         if missed:
@@ -346,8 +351,8 @@ class StudyRun:
         if capacity <= best:
             return self._stop_simulating(study, f"it predicts no config left above the best measured, {best:.2f} req/s")
         study.enqueue_trial(values, user_attrs={
-            Attr.CHOSEN_BECAUSE: f"simulator, refitted on {sum(r.feasible for r in records)} measured trials: "
-                                 f"predicted {capacity:.2f} req/s, above the best measured {best:.2f}",
+            Attr.CHOSEN_BECAUSE: f"simulator, refitted after trial {trial.number}: predicted {capacity:.2f} req/s, "
+                                 f"above the best measured {best:.2f}",
             Attr.PREDICTED_CAPACITY_RPS: capacity})
 
     def _stop_simulating(self, study: optuna.Study, why: str) -> None:
