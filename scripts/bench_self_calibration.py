@@ -155,6 +155,15 @@ def main() -> int:
     for n in sorted(measured, key=measured.get):
         print(f"  {names[n]:18} measured {measured[n]:6.2f}   nominal profile {nominal[n]:6.2f}", file=sys.stderr)
 
+    # the fit of every measured config: what `autotune calibrate` on this study keeps (and what
+    # tests/test_study_vllm_learning.py starts from, as an earlier study's calibration of this host)
+    whole = calibrate(shape, "cpu", d.command.model, all_steps,
+                      lambda load: steps.repeated(load, max_requests=MAX_REQUESTS), evaluations=150, study=d.name)
+    fit_all = {"constants": whole.constants, "loss_before": whole.loss_before,
+               "loss_after": whole.loss_after, "steps": whole.steps}
+    print(f"fit on all {len(measured)} configs: log error {whole.loss_before:.3f} -> {whole.loss_after:.3f}; "
+          + ", ".join(f"{k} {v:.3g}" for k, v in whole.constants.items()), flush=True)
+
     rng = random.Random(0)
     rows = []
     for split in range(a.splits):
@@ -169,32 +178,30 @@ def main() -> int:
         rho0 = spearman([nominal[n] for n in held], [measured[n] for n in held])
         top = max(held, key=lambda n: (fitted[n], -n))
         regret = 1 - measured[top] / max(measured[n] for n in held)
-        rows.append({"split": split, "fit_on": sorted(names[n] for n in fit_on), "spearman": rho,
+        err = statistics.median(abs(fitted[n] / measured[n] - 1) for n in held if measured[n] > 0)
+        err0 = statistics.median(abs(nominal[n] / measured[n] - 1) for n in held if measured[n] > 0)
+        rows.append({"split": split, "capacity_error": err, "capacity_error_nominal": err0, "fit_on": sorted(names[n] for n in fit_on), "spearman": rho,
                      "spearman_nominal": rho0, "top_pick_regret": regret, "loss_before": cal.loss_before,
                      "loss_after": cal.loss_after, "fit_s": time.monotonic() - t0,
                      "held_out": {names[n]: {"measured": measured[n], "predicted": fitted[n]} for n in held}})
         print(f"split {split}: fit on {', '.join(sorted(names[n] for n in fit_on))}: log error "
               f"{cal.loss_before:.3f} -> {cal.loss_after:.3f}; held-out Spearman {rho:+.2f} (nominal {rho0:+.2f}), "
-              f"predicted best is {100 * regret:.0f} % below the measured best", file=sys.stderr)
+              f"predicted best is {100 * regret:.0f} % below the measured best; median capacity error {100 * err:.0f} % "
+              f"(nominal {100 * err0:.0f} %)", file=sys.stderr)
     rhos = [r["spearman"] for r in rows if r["spearman"] == r["spearman"]]
     rhos0 = [r["spearman_nominal"] for r in rows if r["spearman_nominal"] == r["spearman_nominal"]]
     summary = {"configs": len(measured), "fit_trials": a.fit_trials, "splits": a.splits,
                "spearman_median": statistics.median(rhos), "spearman_min": min(rhos), "spearman_max": max(rhos),
                "spearman_nominal_median": statistics.median(rhos0),
                "regret_median": statistics.median(r["top_pick_regret"] for r in rows),
-               "measured": {names[n]: measured[n] for n in measured}, "splits_detail": rows}
+               "capacity_error_median": statistics.median(r["capacity_error"] for r in rows),
+               "capacity_error_nominal_median": statistics.median(r["capacity_error_nominal"] for r in rows),
+               "measured": {names[n]: measured[n] for n in measured}, "fit_all": fit_all, "splits_detail": rows}
     print(f"held-out Spearman over {a.splits} splits (fit on {a.fit_trials} of {len(measured)} configs): median "
           f"{summary['spearman_median']:+.2f}, range {summary['spearman_min']:+.2f} to {summary['spearman_max']:+.2f}; "
           f"uncalibrated profile median {summary['spearman_nominal_median']:+.2f}; the fitted simulator's top pick "
-          f"is a median {100 * summary['regret_median']:.0f} % below the held-out best")
-    # the fit of every measured config: what `autotune calibrate` on this study keeps (and what
-    # tests/test_study_vllm_learning.py starts from, as an earlier study's calibration of this host)
-    whole = calibrate(shape, "cpu", d.command.model, all_steps,
-                      lambda load: steps.repeated(load, max_requests=MAX_REQUESTS), evaluations=150, study=d.name)
-    summary["fit_all"] = {"constants": whole.constants, "loss_before": whole.loss_before,
-                          "loss_after": whole.loss_after, "steps": whole.steps}
-    print(f"fit on all {len(measured)} configs: log error {whole.loss_before:.3f} -> {whole.loss_after:.3f}; "
-          + ", ".join(f"{k} {v:.3g}" for k, v in whole.constants.items()))
+          f"is a median {100 * summary['regret_median']:.0f} % below the held-out best; median held-out capacity error "
+          f"{100 * summary['capacity_error_median']:.0f} % (uncalibrated {100 * summary['capacity_error_nominal_median']:.0f} %)")
     if a.json:
         a.json.write_text(json.dumps(summary, indent=1))
     return 0

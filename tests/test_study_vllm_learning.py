@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 # the time constants scripts/bench_self_calibration.py fitted on all ten of its measured configs, on this
 # project's 2-vCPU CI host (bench/self_calibration.json, "fit_all"): a stand-in for an earlier study's calibration
-CPU_FIT = CPU_FIT_CONSTANTS
+CPU_FIT = {"compute_efficiency": 0.0168, "bandwidth_efficiency": 0.206, "host_step_s": 0.00697, "host_seq_s": 4.9e-05,
+           "eager_layer_s": 0.00101, "latency_s": 0.199, "output_token_s": 2.14e-05}
 
 STUDY = """
 name = "learning"
@@ -74,22 +75,22 @@ trials = 5
 builtin = []
 extra = [{{ name = "one-at-a-time", values = {{ max_num_seqs = 1 }} }}]
 
-[remeasure]
-top = 0
 """
 
 
 def test_a_cpu_study_simulates_first_races_and_learns_from_each_trial(tmp_path, tiny_model, vllm_command, engine_env):
     state = tmp_path / "state"
-    cal.save(cal.Calibration("cpu", str(tiny_model), dict(CPU_FIT), 0.0, 0.0, 0, [], "bench_self_calibration"), state)
+    cal.save(cal.Calibration("cpu", str(tiny_model), dict(CPU_FIT), 3.004, 0.149, 40, list(range(10)),
+                             "self-calibration"), state)
     path = tmp_path / "learning.toml"
     path.write_text(STUDY.format(runs=tmp_path, vllm=" ".join(vllm_command), model=tiny_model, port=free_port(),
                                  cache=engine_env["VLLM_CACHE_ROOT"]))
-    r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path)], capture_output=True, text=True,
-                       timeout=1800, env={**os.environ, "AUTOTUNE_STATE_DIR": str(state)})
+    r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
+                       text=True, timeout=1800, env={**os.environ, "AUTOTUNE_STATE_DIR": str(state)})
     print(r.stderr[-6000:])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "simulating first with vllm-sim's cpu profile, calibrated on" in r.stderr
+    assert ("simulating first with vllm-sim's cpu profile, calibrated on 40 steps of 10 trials of study "
+            "self-calibration") in r.stderr
     study = optuna.load_study(study_name="learning", storage=f"sqlite:///{tmp_path}/studies.db")
     assert len(study.user_attrs[Attr.SIM_PREDICTIONS]) > 8
     trials = study.trials

@@ -546,7 +546,8 @@ class StudyRun:
         if n == 0:
             self.notice(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
-        callbacks = [self._notes, self._queue_sim_picks, self._learn, *self.callbacks]
+        # the console's trial line (self.callbacks) before what the simulator learns from that trial
+        callbacks = [self._notes, self._queue_sim_picks, *self.callbacks, self._learn]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
