@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import optuna
@@ -117,12 +116,13 @@ def test_study_finds_a_config_that_beats_the_poor_baseline(finished_study):
     assert "capacity req/s" in r.stdout and "re-measured" in r.stdout
 
 
-def test_every_trial_records_what_ran(finished_study):
+def test_every_trial_records_what_ran(finished_study, vllm_command, tiny_model):
     _, study, _, _ = finished_study
-    for t in study.trials:
-        if t.state != TrialState.COMPLETE:
-            continue
-        assert t.user_attrs["argv"][1:3] == ["serve", str(Path(t.user_attrs["argv"][2]))]
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert complete, [(t.number, t.state, t.user_attrs.get("failure")) for t in study.trials]
+    for t in complete:
+        # the configured engine command and model, in that order, exactly as the study file names them
+        assert t.user_attrs["argv"][:3] == [*vllm_command, str(tiny_model)], t.user_attrs["argv"]
         assert t.user_attrs["engine_start_s"] > 0 and t.user_attrs["replay_s"] > 0
         assert t.user_attrs["steps"] and "constraints" in t.system_attrs
         wall = (t.datetime_complete - t.datetime_start).total_seconds()
@@ -156,12 +156,15 @@ def test_report_and_dashboard_show_the_study(finished_study):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
+        studies = None
         for _ in range(100):
             try:
                 studies = httpx.get(base + "/api/studies", timeout=2).json()["study_summaries"]
                 break
             except (httpx.TransportError, ValueError):
+                assert dash.poll() is None, f"autotune dashboard exited with {dash.returncode} before it answered"
                 time.sleep(0.2)
+        assert studies is not None, f"autotune dashboard did not answer {base}/api/studies within ~20 s"
         sid = next(s["study_id"] for s in studies if s["study_name"] == "tiny-real")
         detail = httpx.get(f"{base}/api/studies/{sid}", params={"after": 0}, timeout=10).json()
         trials = detail["trials"]

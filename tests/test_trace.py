@@ -122,7 +122,7 @@ def test_bad_lines_name_file_and_line(tmp_path, line, needle):
     with pytest.raises(TraceFormatError) as e:
         read_workload(p)
     assert needle in str(e.value)
-    assert "bad.jsonl:2" in str(e.value) or "bad.jsonl" in str(e.value)
+    assert "bad.jsonl:2" in str(e.value), str(e.value)  # the file and the line the bad record is on
 
 
 def test_missing_file_and_empty(tmp_path):
