@@ -311,6 +311,26 @@ def test_warm_starts_skip_production_and_the_defaults_and_keep_to_a_third_of_the
     assert baselines(4) == {"production": {"max_num_seqs": 2}, "earlier-1": {"max_num_seqs": 32}}
 
 
+def test_tunings_keep_their_runs_under_the_state_dir_not_the_working_directory(daemon_file, tmp_path, monkeypatch):
+    """A staging study that names no runs_dir nor storage: its tunings' runs and Optuna storage go under the
+    daemon's state directory, never into a runs/ in the daemon's working directory (/ under systemd)."""
+    p = daemon_file()
+    staging = p.parent / "staging.toml"
+    staging.write_text("\n".join(x for x in staging.read_text().splitlines()
+                                 if not x.startswith(("storage =", "runs_dir ="))))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    d = Daemon(load_daemon_config(p))
+    runs = d.root / "tunings" / "runs"
+    path = d.root / "tunings" / "prod-tune-001.toml"
+    d._write_tuning_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
+    derived = load_study(path)
+    assert derived.run_dir == runs / "prod-tune-001", derived.runs_dir
+    assert derived.storage == d.study.storage == f"sqlite:///{runs}/studies.db"
+    assert list(cwd.iterdir()) == []
+
+
 def load_study_storage(tmp_path, text):
     (tmp_path / "staging.toml").write_text(text)
     return load_study(tmp_path / "staging.toml").storage

@@ -47,13 +47,13 @@ from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide, duration_text
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import TuningChild, choose, move_to_gpus, production_capacity, write_tuning_study
+from autotune.daemon.tuning import (TuningChild, choose, load_staging, move_to_gpus, production_capacity,
+                                    write_tuning_study)
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, rollback, same_config, tidy
-from autotune.study.definition import load_study
 from autotune.study.records import StudyResult
 
 __all__ = ["Daemon"]
@@ -81,7 +81,7 @@ class Daemon:
         self.target = target or build_target(cfg)
         self.metrics = metrics or DaemonMetrics()
         self.watcher = Watcher(cfg.production.url, window_s=cfg.window_s)
-        self.study = load_study(cfg.staging_study)  # the template: checked now, not at the first drift
+        self.study = load_staging(cfg.staging_study, self.root)  # the template: checked now, not at the first drift
         if self.study.workload.tokenizer is None:
             raise ConfigError(f"{cfg.staging_study}: the daemon builds prompts like production's with the model's "
                               "tokenizer: set [workload].tokenizer (or engine.args.tokenizer) to a local directory")
@@ -136,7 +136,7 @@ class Daemon:
             return
         try:
             new = load_daemon_config(path)
-            study = load_study(new.staging_study)
+            study = load_staging(new.staging_study, self.root)
         except AutotuneError as e:
             _say(f"reload: {path} not applied, the running config stays: {e}")
             return

@@ -23,19 +23,27 @@ from optuna.trial import TrialState
 
 from autotune.daemon.fingerprint import Fingerprint, workload_from
 from autotune.study.baselines import baseline_points
-from autotune.study.definition import StudyDefinition, derive_study
+from autotune.study.definition import StudyDefinition, derive_study, load_study
 from autotune.study.records import Attr, StudyResult, TrialRecord
 from autotune.study.runner import build_space
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
-__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "write_tuning_study", "warm_starts", "choose",
+__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "load_staging", "write_tuning_study", "warm_starts", "choose",
            "production_capacity", "TuningChild"]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
 MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
 WARM_SHARE = 3  # earlier winners take at most a third of a tuning's trial budget
 WARM_TOP = 3  # and never more than this many
+
+
+def load_staging(path: Path, root: Path) -> StudyDefinition:
+    """The staging study as the daemon's tunings run it. A file that names no ``runs_dir`` keeps its tunings'
+    runs (engine logs, best configs, reports) under the daemon's state directory, ``root``/tunings/runs, and
+    its Optuna storage there too when it names none: never a ``runs/`` in the daemon's working directory
+    (``/`` under systemd, where nothing may be written)."""
+    return load_study(path, default_runs_dir=root / "tunings" / "runs")
 
 
 def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, name: str, slos: list[str],

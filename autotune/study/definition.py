@@ -115,7 +115,10 @@ def _default_storage(d: StudyDefinition) -> str:
 _SEE = "see 'Writing a study' in the README"
 
 
-def load_study(path: str | Path, *, default_platform: str | None = None) -> StudyDefinition:
+def load_study(path: str | Path, *, default_platform: str | None = None,
+               default_runs_dir: Path | None = None) -> StudyDefinition:
+    """``default_runs_dir``: the runs_dir of a file that names none (else ``runs``, under the working directory);
+    a file that names no storage keeps its Optuna storage there too (runs_dir/studies.db)."""
     p = Path(path)
     top = Table.of_file(p, "study file", see=_SEE)
     top.only(_TOP)
@@ -201,7 +204,7 @@ def load_study(path: str | Path, *, default_platform: str | None = None) -> Stud
         sampler=top.string("sampler", "tpe", choices=("tpe", "random", "gp")), seed=top.integer("seed", None),
         baselines=baselines, builtin_baselines=builtin, precheck=top.boolean("precheck", True),
         remeasure_top=top_n, remeasure_repeats=repeats, startup_timeout_s=startup,
-        runs_dir=Path(top.string("runs_dir", "runs")), source=p, gpus=gpus,
+        runs_dir=Path(top.string("runs_dir", str(default_runs_dir or "runs"))), source=p, gpus=gpus,
         heartbeat_s=top.duration("heartbeat", 60.0, above=0), secret_env=secret_env,
     )
     return d.with_overrides()
