@@ -195,8 +195,26 @@ def setup(tmp_path, tiny_model, monkeypatch):
                                                             restart=json.dumps(restart)))
         return load_daemon_config(tmp_path / "daemon.toml")
 
-    yield make, prod_port, config
-    subprocess.run([sys.executable, str(SERVICE), "stop", str(service)], check=False)
+    daemons = []
+
+    def daemon(cfg, **kw):
+        """A Daemon the teardown stops as ``run`` would: its tuning child (and the staging engine in that
+        child's process group), a publish in flight, the watcher; whatever assertion failed before."""
+        d = Daemon(cfg, **kw)
+        daemons.append(d)
+        return d
+
+    try:
+        yield make, daemon, prod_port, config
+    finally:
+        for d in daemons:
+            try:
+                d._stop_child()
+                d._pool.shutdown(wait=True)
+                d.watcher.close()
+            except Exception as e:  # the next daemon and production are stopped all the same
+                print(f"teardown: stopping a daemon failed: {e!r}", file=sys.stderr)
+        subprocess.run([sys.executable, str(SERVICE), "stop", str(service)], check=False)
 
 
 class Traffic:
@@ -239,11 +257,11 @@ def _tick_until(daemon, phase, timeout):
 
 
 def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
-    make, prod_port, config = setup
+    make, daemon, prod_port, config = setup
     cfg = make()
     metrics = DaemonMetrics()
     with Traffic(prod_port):
-        d = Daemon(cfg, metrics=metrics)
+        d = daemon(cfg, metrics=metrics)
         d._resume()
         assert [e.outcome for e in d.history.entries()] == ["adopted"]
         for _ in range(16):  # a full window of production traffic: the fingerprint it is tuned for
@@ -256,7 +274,7 @@ def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
 
         # a restarted daemon resumes the tuning from the state file (the study from its storage)
         d._stop_child()
-        d = Daemon(cfg, metrics=metrics)
+        d = daemon(cfg, metrics=metrics)
         assert d.state.phase is Phase.TUNING
         _tick_until(d, Phase.PUBLISHING, 240)
         _tick_until(d, Phase.WATCHING, 120)
@@ -271,10 +289,10 @@ def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
 
 
 def test_approval_mode_waits_for_a_person(setup):
-    make, prod_port, config = setup
+    make, daemon, prod_port, config = setup
     cfg = make(approval=True)
     with Traffic(prod_port):
-        d = Daemon(cfg)
+        d = daemon(cfg)
         d._resume()
         for _ in range(16):
             d.tick()

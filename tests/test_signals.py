@@ -307,7 +307,7 @@ def daemon_file(tmp_path: Path, tiny_model: Path, prod_port: int) -> Path:
 
 
 def test_daemon_stops_its_tuning_and_staging_engine_on_sigterm(setup, tmp_path, tiny_model, cleanup):
-    make, prod_port, _ = setup  # production serves: a vllm-sim behind a systemctl stand-in
+    make, _, prod_port, _ = setup  # production serves: a vllm-sim behind a systemctl stand-in
     path = make().source
     scrape_every_second(path)
     staging_port = free_port()
@@ -340,7 +340,7 @@ def test_a_daemon_stopped_mid_trial_measures_the_cut_baseline_when_it_starts_aga
     start resumes the same tuning, and production's config is measured again: every baseline ends with a
     measurement, so a proposal is never judged against a production "0.00" (approval mode: nothing restarts
     production here)."""
-    make, prod_port, _ = setup
+    make, _, prod_port, _ = setup
     path = make(approval=True).source
     scrape_every_second(path)
     staging_port = free_port()
