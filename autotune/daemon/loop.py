@@ -23,8 +23,9 @@ rollback metrics are read back from that history, so a restart keeps them and a 
 (`autotune rollback`, another process) counts.
 
 The journal (stdout and stderr under systemd) gets one line per phase change and per new decision
-or reason: the trigger and its numbers, a tuning's verdict, a publish, its canary, a rollback and
-why, on stdout as "<phase>: <note>"; production's metrics failing and answering again, on stderr.
+or reason: the trigger and its numbers, each finished trial of a tuning (read from its study at each
+tick), a tuning's verdict with its gain and spread, a publish, its canary, a rollback and why, on stdout
+as "<phase>: <note>"; production's metrics failing and answering again, on stderr.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from autotune.console import trial_line
 from autotune.daemon import notify
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
@@ -303,7 +305,7 @@ class Daemon:
         self._write_tuning_study(name, path, fp, deployed)
         self.metrics.tunings.labels(trigger.split(":")[0].split(" ")[0]).inc()
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
-                  tuning_started=time.time(),
+                  tuning_started=time.time(), trials_told=(),
                   note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
                        + (" (at least: production could not keep up)" if fp.saturated else ""),
                   tuned_fingerprint=self.state.tuned_fingerprint,
@@ -364,15 +366,31 @@ class Daemon:
         self._finish_tuning(rc)
 
     def _update_trials(self, finished: StudyResult | None = None) -> None:
-        """The trial gauges: the running study's counts; once it ended (``finished``), nothing runs or waits."""
+        """The trial gauges: the running study's counts; once it ended (``finished``), nothing runs or waits.
+        Each trial that finished since the last tick gets its journal line (``_tell_trials``)."""
         if finished is not None:
             self.metrics.set_trials({**finished.counts(), "running": 0, "waiting": 0})
+            self._tell_trials(finished)
             return
         try:
             result = StudyResult.load(self.study.storage, self.state.study_name)
         except Exception:  # not created yet
             return
         self.metrics.set_trials(result.counts())
+        self._tell_trials(result)
+
+    def _tell_trials(self, result: StudyResult) -> None:
+        """One journal line per finished trial of the running tuning, as its study prints it ("tuning: NAME:
+        trial 3 (sampled by tpe) max_num_seqs=24 -> 11.10 req/s within the SLOs ..."), read from its storage
+        at each tick: once each (the state keeps which were told, so a restarted daemon does not repeat them)."""
+        told = set(self.state.trials_told)
+        new = [r for r in result.records if r.state.is_finished() and r.number not in told]
+        if not new:
+            return
+        reference = result.best_baseline
+        for r in sorted(new, key=lambda r: r.number):
+            print(f"{self.state.phase.value}: {self.state.study_name}: {trial_line(r, reference)}", flush=True)
+        self._keep(trials_told=tuple(sorted(told | {r.number for r in new})))
 
     def _finish_tuning(self, rc: int) -> None:
         st = self.state
@@ -416,10 +434,10 @@ class Daemon:
             for old in [e for e in self.history.entries() if e.outcome == "proposed"]:
                 self.history.settle(old, "rejected", reason="replaced by a newer proposal")
             e = self.history.add("proposed", values, source=source)
-            self._set(Phase.AWAITING_APPROVAL, note=f"entry {e.number} waits for `autotune publish --approve`",
-                      **done)
+            self._set(Phase.AWAITING_APPROVAL, note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
+                      f"waits for `autotune publish --approve`: {why}", **done)
             return
-        self._set(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}", **done)
+        self._set(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
         self._job = self._pool.submit(self._publish, values, source)
 
     def _tuning_result(self, name: str | None) -> StudyResult | None:

@@ -81,6 +81,7 @@ class DaemonState:
     scrape_failing: bool = False  # production's metrics do not answer now
     empty_tunings: int = 0  # tunings in a row that reached no verdict (see the module's docstring)
     retry_at: float = 0.0  # wall clock: no trigger (but a request by hand) starts a tuning before it
+    trials_told: tuple[int, ...] = ()  # the running tuning's finished trials the journal has a line for
 
     def to(self, phase: Phase, **changes: Any) -> DaemonState:
         if phase is not self.phase and phase not in ALLOWED[self.phase]:
@@ -94,7 +95,7 @@ class DaemonState:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DaemonState:
-        return cls(**{**d, "phase": Phase(d["phase"])})
+        return cls(**{**d, "phase": Phase(d["phase"]), "trials_told": tuple(d.get("trials_told", ()))})
 
 
 class StateStore:

@@ -184,9 +184,12 @@ def choose(result: StudyResult) -> Choice:
     floor = max(noise, MIN_GAIN * prod_cap)
     gain = pick["median"] - prod_cap
     numbers = f"{pick['label']} {pick['median']:.2f} req/s vs production {prod_cap:.2f}"
+    # the noise in words: which of the spread and the 2 % floor it is, and the spread itself either way
+    said = (f"{floor:.2f}: the spread of their re-measured runs" if noise >= MIN_GAIN * prod_cap
+            else f"{floor:.2f}: 2 % of production's capacity, more than their spread {noise:.2f}")
     if gain > floor:
-        return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({floor:.2f})")
-    return Choice(None, f"{tie}{numbers}: {_differ(gain, floor)}")
+        return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
+    return Choice(None, f"{tie}{numbers}: {_differ(gain, floor, said)}")
 
 
 def _measured_production(result: StudyResult) -> TrialRecord | None:
@@ -208,11 +211,13 @@ def production_capacity(result: StudyResult) -> float | None:
     return float(remeasured["median"]) if remeasured else prod.capacity_rps
 
 
-def _differ(gain: float, noise: float) -> str:
-    """A gain against the noise, in words that never say "0.00 > 0.00"."""
+def _differ(gain: float, noise: float, said: str | None = None) -> str:
+    """A gain against the noise (``said``: the noise in words, else its number), in words that never say
+    "0.00 > 0.00"."""
+    said = said or f"{noise:.2f}"
     if f"{gain:.2f}" == f"{noise:.2f}":
-        return f"a gain of {gain:+.2f} req/s, at the noise ({noise:.2f}): not more"
-    return f"{gain:+.2f} req/s, within the noise ({noise:.2f})"
+        return f"a gain of {gain:+.2f} req/s, at the noise ({said}): not more"
+    return f"{gain:+.2f} req/s, within the noise ({said})"
 
 
 class TuningChild:
