@@ -104,13 +104,17 @@ def vllm_sim(tiny_model, tmp_path_factory):
 
 # -- no process outlives the run ----------------------------------------------------------------------
 
-# what a test may start that must never be left behind: engines (real and simulated), the dashboard,
-# the daemon and its tunings, the capture proxy, Xinference, PostgreSQL servers, nginx
-_OWNED = ("vllm serve", "autotune.sim.cli", "vllm-sim", "optuna-dashboard", "-m autotune", "bin/autotune",
-          "xinference", "EngineCore", "postgres -D", "nginx")
+# What a test may start must never be left behind: engines (real, simulated, fixed-timing and the fake ones
+# tests write), the dashboard, the daemon and its tunings, the capture proxy, Xinference, PostgreSQL, nginx.
+# Rather than a list of names that misses the next kind of process, every process this run started carries
+# the run's mark in its environment (set at session start, inherited by each child and grandchild: nothing
+# here starts a process with an environment of its own making), and any marked process alive at the end is
+# a leftover. Another run's processes carry another mark and are none of this run's business.
+_RUN_MARK = "AUTOTUNE_TEST_RUN"
 
-
-_RUN_MARK = "AUTOTUNE_TEST_RUN"  # in the environment of everything this run starts, so only its own count
+# the one kind of marked process that may outlive the tests: the test process's own multiprocessing helper,
+# which ends with it
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def _leftovers(mark: str) -> list:
@@ -118,13 +122,27 @@ def _leftovers(mark: str) -> list:
 
     me = os.getpid()
     found = []
-    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+    for p in psutil.process_iter(["pid", "ppid", "cmdline", "name"]):
         try:
             if p.info["pid"] == me:
                 continue
+            if p.environ().get(_RUN_MARK) != mark:
+                continue
             line = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
-            if any(word in line for word in _OWNED) and p.environ().get(_RUN_MARK) == mark:
-                found.append(p)
+            if p.info["ppid"] == me and any(h in line for h in _HELPERS):
+                continue
+            found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    # and what those started: a server that rewrites its process title over its environment (PostgreSQL's
+    # backends, nginx's workers) no longer shows the mark, but its parent does
+    seen = {p.pid for p in found}
+    for p in list(found):
+        try:
+            for child in p.children(recursive=True):
+                if child.pid not in seen and child.status() != psutil.STATUS_ZOMBIE:
+                    seen.add(child.pid)
+                    found.append(child)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
@@ -221,7 +239,7 @@ def _check_writes(session) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A run that leaves an engine, a dashboard or a daemon behind fails, naming each (and kills them, so
+    """A run that leaves any process it started behind (an engine, a dashboard, a daemon, ...) fails, naming each (and kills them, so
     the next run starts clean). Stragglers get a few seconds to finish their own shutdown first."""
     import time
 
