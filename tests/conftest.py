@@ -239,8 +239,9 @@ def _check_writes(session) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A run that leaves any process it started behind (an engine, a dashboard, a daemon, ...) fails, naming each (and kills them, so
-    the next run starts clean). Stragglers get a few seconds to finish their own shutdown first."""
+    """A run that leaves any process it started behind (an engine, a dashboard, a daemon, ...) fails, naming
+    each (and kills them, so the next run starts clean). Stragglers get a few seconds to finish their own
+    shutdown first."""
     import time
 
     import psutil
