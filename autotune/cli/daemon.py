@@ -113,6 +113,9 @@ def cmd_status(a: argparse.Namespace) -> int:
     st = store.load()
     print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
     print(f"note: {st.note}")
+    if st.last_decision:
+        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.last_decision_at))
+        print(f"last decision: {when}: {st.last_decision}")
     print(f"state: {root}")
     request = store.retune_request()
     if request is not None:

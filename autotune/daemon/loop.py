@@ -177,6 +177,11 @@ class Daemon:
             self.state = self.store.save(self.state.to(phase, **changes))
         self._journal(before)
 
+    def _decide(self, phase: Phase, note: str, **changes: Any) -> None:
+        """A phase change that is a decision (a tuning's verdict, a publish or a proposal, its outcome): its note
+        is kept as the last decision too, which `autotune status` shows once later notes ("watching") replaced it."""
+        self._set(phase, note=note, last_decision=note, last_decision_at=time.time(), **changes)
+
     def _note(self, text: str, **changes: Any) -> None:
         self._keep(note=text, **changes)
 
@@ -411,19 +416,19 @@ class Daemon:
         if prod_cap is not None:
             self.metrics.production_capacity.set(prod_cap)
         if rc == 1 or result.remeasurement is None:
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs{held}", **done)
+            self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs{held}", **done)
             return
         self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
         moved = self._production_moved()
         if moved is not None:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
+            self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
                       f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
                       f"stale{held}; `autotune retune` measures the one it runs now", **done)
             return
         choice = choose(result)
         if choice.trial is None:
-            self._set(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}",
+            self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}",
                       **done)
             return
         winner, why = result.trial(choice.trial), choice.why
@@ -434,10 +439,10 @@ class Daemon:
             for old in [e for e in self.history.entries() if e.outcome == "proposed"]:
                 self.history.settle(old, "rejected", reason="replaced by a newer proposal")
             e = self.history.add("proposed", values, source=source)
-            self._set(Phase.AWAITING_APPROVAL, note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
+            self._decide(Phase.AWAITING_APPROVAL, note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
                       f"waits for `autotune publish --approve`: {why}", **done)
             return
-        self._set(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
+        self._decide(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
         self._job = self._pool.submit(self._publish, values, source)
 
     def _tuning_result(self, name: str | None) -> StudyResult | None:
@@ -466,7 +471,7 @@ class Daemon:
             counts = result.counts() if result is not None else {}
             tried = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v) or "none"
             why = f"measured nothing (trials: {tried})"
-        self._set(Phase.WATCHING, note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
+        self._decide(Phase.WATCHING, note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
                   + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0
                      else "its trigger may fire again"),
                   empty_tunings=n, retry_at=time.time() + wait)
@@ -500,7 +505,8 @@ class Daemon:
         gpus = self._idle_gpus()
         if gpus and self.state.study_file:
             move_to_gpus(Path(self.state.study_file), gpus)  # the colors may have swapped: staging follows the idle one
-        self._note(f"{done}; tuning {self.state.study_name} resumes" + (f" on GPUs {gpus}" if gpus else ""))
+        note = f"{done}; tuning {self.state.study_name} resumes" + (f" on GPUs {gpus}" if gpus else "")
+        self._note(note, last_decision=note, last_decision_at=time.time())
         self.store.clear_rollback_request()
 
     # -- approval and publishing -------------------------------------------------------------
@@ -514,7 +520,7 @@ class Daemon:
         if proposal is None:
             self.store.clear_approval()
             last = self.history.entries()[-1] if self.history.entries() else None
-            self._set(Phase.WATCHING, note=f"proposal settled: {last.outcome if last else 'gone'}")
+            self._decide(Phase.WATCHING, note=f"proposal settled: {last.outcome if last else 'gone'}")
             return
         if approved is None:
             return
@@ -523,7 +529,7 @@ class Daemon:
             self._note(f"approval of entry {approved} ignored: the proposal waiting is entry {proposal.number}")
             return
         source = {**proposal.source, "approved": "by hand"}
-        self._set(Phase.PUBLISHING, note=f"publishing entry {proposal.number} (approved by hand)")
+        self._decide(Phase.PUBLISHING, note=f"publishing entry {proposal.number} (approved by hand)")
         self._job = self._pool.submit(self._publish, proposal.values, source, proposal)
 
     def canary(self) -> Canary:
@@ -551,13 +557,13 @@ class Daemon:
         try:
             result = job.result()
         except AutotuneError as e:  # the rollback failed too: say so everywhere, keep watching
-            self._set(Phase.WATCHING, note=f"PRODUCTION NEEDS A PERSON: {e}")
+            self._decide(Phase.WATCHING, note=f"PRODUCTION NEEDS A PERSON: {e}")
             self._history_metrics()
             self.metrics.last_publish.set(time.time())  # ended now
             return
         self._history_metrics()
         self.metrics.last_publish.set(time.time())  # ended now
-        self._set(Phase.WATCHING, note=f"entry {result.entry.number}: {result.outcome}"
+        self._decide(Phase.WATCHING, note=f"entry {result.entry.number}: {result.outcome}"
                   + (f" ({result.entry.reason})" if result.entry.reason else ""))
 
     # -- start-up --------------------------------------------------------------------------------

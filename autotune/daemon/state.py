@@ -82,6 +82,8 @@ class DaemonState:
     empty_tunings: int = 0  # tunings in a row that reached no verdict (see the module's docstring)
     retry_at: float = 0.0  # wall clock: no trigger (but a request by hand) starts a tuning before it
     trials_told: tuple[int, ...] = ()  # the running tuning's finished trials the journal has a line for
+    last_decision: str = ""  # the note of the last decision (a verdict, a publish or proposal, its outcome)
+    last_decision_at: float = 0.0  # wall clock of it
 
     def to(self, phase: Phase, **changes: Any) -> DaemonState:
         if phase is not self.phase and phase not in ALLOWED[self.phase]:
