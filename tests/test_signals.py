@@ -209,15 +209,19 @@ def test_bench_stops_its_engine_on_a_signal(tmp_path, tiny_model, cleanup, sig, 
     assert "Traceback" not in run.stderr
 
 
-def test_study_stops_on_sigterm_and_a_rerun_resumes(tmp_path, tiny_model, cleanup):
+@pytest.mark.parametrize("sig, said", [
+    (signal.SIGTERM, "autotune: stopped by SIGTERM"),
+    (signal.SIGINT, "autotune: interrupted"),  # Ctrl-C: the study stays resumable all the same
+], ids=["SIGTERM", "SIGINT"])
+def test_study_stops_on_a_signal_and_a_rerun_resumes(tmp_path, tiny_model, cleanup, sig, said):
     run, rec, state, path = started_study(tmp_path, tiny_model, cleanup)
-    took = run.signal_and_wait(signal.SIGTERM)
+    took = run.signal_and_wait(sig)
     assert_nothing_left(rec, state)
-    print(f"study, SIGTERM: stopped in {took:.2f} s")
-    assert run.proc.returncode == 143
+    print(f"study, {signal.Signals(sig).name}: stopped in {took:.2f} s")
+    assert run.proc.returncode == 128 + sig  # 143 for SIGTERM, 130 for Ctrl-C
     # (the other "autotune:" line says what the simulator predicted before the first launch)
-    assert run.lines("autotune: stopped") == ["autotune: stopped by SIGTERM during trial 0 (recorded as failed); the "
-                                              "engine was stopped. Rerun the same command to resume study staging."]
+    assert run.lines(said) == [f"{said} during trial 0 (recorded as failed); the engine was stopped. Rerun the "
+                               "same command to resume study staging."], run.stderr[-3000:]
     assert "Traceback" not in run.stderr  # Optuna's failed-trial warning would bring one
     first = [t for t in trials_of(tmp_path) if t.state is not TrialState.WAITING]  # the simulator's picks wait
     assert [(t.number, t.state) for t in first] == [(0, TrialState.FAIL)]
@@ -229,7 +233,7 @@ def test_study_stops_on_sigterm_and_a_rerun_resumes(tmp_path, tiny_model, cleanu
     # the interrupted baseline was queued again and measured in full this time
     again = [t for t in trials if t.number > 0 and t.user_attrs.get("baseline") == "vllm-defaults"]
     assert [t.state for t in again] == [TrialState.COMPLETE], r.stderr[-3000:]
-    assert "left running" not in r.stderr  # nothing was left RUNNING: the SIGTERM run failed it itself
+    assert "left running" not in r.stderr  # nothing was left RUNNING: the signalled run failed it itself
 
 
 def test_after_kill_9_the_rerun_reports_what_it_reaped_and_failed(tmp_path, tiny_model, cleanup):
