@@ -455,6 +455,15 @@ def test_daemon_says_when_it_cannot_scrape_and_when_it_can_again(tmp_path, tiny_
     assert run.lines("autotune: daemon")[-1] == "autotune: daemon stopped by SIGTERM"
 
 
+def unit_watchdog_s() -> float:
+    """WatchdogSec= of the systemd unit this repository ships (systemd/autotune.service), in seconds."""
+    import re
+
+    m = re.search(r"^WatchdogSec=(\d+)(s|min)?$", (ROOT / "systemd" / "autotune.service").read_text(), re.M)
+    assert m, "systemd/autotune.service no longer declares WatchdogSec= in seconds or minutes"
+    return float(m.group(1)) * (60 if m.group(2) == "min" else 1)
+
+
 def test_the_daemon_speaks_sd_notify_from_its_run_loop(tmp_path, tiny_model, cleanup, monkeypatch):
     """``autotune daemon`` as systemd runs it (Type=notify, WatchdogSec=2): a real AF_UNIX datagram socket stands
     where systemd's is. READY=1 once it runs, WATCHDOG=1 well within the watchdog (systemd kills a daemon silent
@@ -466,10 +475,15 @@ def test_the_daemon_speaks_sd_notify_from_its_run_loop(tmp_path, tiny_model, cle
     sock.bind(str(where))
     sock.settimeout(0.2)
     monkeypatch.setenv("NOTIFY_SOCKET", str(where))
-    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")  # watchdog_s below
     monkeypatch.delenv("WATCHDOG_PID", raising=False)  # systemd sets it to the main pid; unset: this process
     state, prod_port = tmp_path / "state", free_port()  # production does not answer: the loop goes on
     path = daemon_file(tmp_path, tiny_model, prod_port)
+    # scraping every 15 s: the loop's pace below can only come from the watchdog (WatchdogSec / 2)
+    text = path.read_text()
+    assert text.count('scrape_interval = "1s"') == 1
+    path.write_text(text.replace('scrape_interval = "1s"', 'scrape_interval = "15s"'))
+    watchdog_s = 2.0
     got: list[tuple[float, str]] = []
 
     def listen(seconds: float, until: str | None = None) -> None:
@@ -491,8 +505,12 @@ def test_the_daemon_speaks_sd_notify_from_its_run_loop(tmp_path, tiny_model, cle
         listen(6)
         pings = [t for t, text in got if "WATCHDOG=1" in text and t >= ready_at]
         assert len(pings) >= 3, got
-        gaps = [b - a for a, b in zip([ready_at, *pings], pings)]
-        assert max(gaps) < 2.0, gaps  # never as long as WatchdogSec
+        gaps = sorted(b - a for a, b in zip([ready_at, *pings], pings))
+        # paced at WatchdogSec / 2 (1 s here), not at WatchdogSec or the 15 s scrape interval: judged on the
+        # median, so one gap a stalled VM stretches (the daemon's or this listener's) does not decide it
+        assert gaps[len(gaps) // 2] <= 0.75 * watchdog_s, gaps
+        # and no silence that would get it restarted under the unit this repository ships
+        assert max(gaps) < unit_watchdog_s(), gaps
         assert any(text.startswith("STATUS=watching") for _, text in got), got
         n = len(got)
         run.proc.send_signal(signal.SIGHUP)
