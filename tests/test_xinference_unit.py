@@ -420,3 +420,86 @@ def test_target_from_the_daemon_config(tmp_path):
     with pytest.raises(ConfigError, match="password_file"):
         target_from_config("http://xi:9997", {"model_uid": "p", "model_name": "m", "username": "u",
                                               "password_file": str(tmp_path / "absent")})
+
+
+# --- publishing through the transaction (autotune/publish/transaction.py) ------------------------
+
+OLD = {"max_num_seqs": 8, "gpu_memory_utilization": 0.8}  # what production runs before the publish
+NEW = {**TUNED, "load_format": "dummy"}  # a study's winner as staging measured it (random weights)
+
+
+def _launches(fake: FakeXinference) -> list[dict[str, Any]]:
+    """The engine kwargs of every launch the fake saw, in order (the launch fields left out)."""
+    fields = {"model_uid", "model_name", "model_engine", "model_format", "model_size_in_billions", "quantization",
+              "n_gpu"}
+    return [{k: v for k, v in json.loads(r.content).items() if k not in fields}
+            for r in fake.requests if r.method == "POST" and r.url.path == "/v1/models"]
+
+
+def _running(values: dict[str, Any]) -> tuple[FakeXinference, XinferenceTarget]:
+    fake = FakeXinference()
+    t = _target(fake)
+    t.deploy(values)  # production, launched before autotune came: its launch record is what gets adopted
+    fake.requests.clear()
+    return fake, t
+
+
+def test_publish_to_xinference_relaunches_with_the_winner_and_keeps_it_when_the_canary_passes(tmp_path):
+    from autotune.publish.history import History
+    from autotune.publish.transaction import CanaryResult, publish
+
+    fake, t = _running(OLD)
+    history = History(tmp_path / "history")
+    asked = []
+    passed = CanaryResult(True, {"slos": [{"slo": "ttft<1s", "holds": True, "measured": 0.2}]})
+    result = publish(t, NEW, history, lambda url: asked.append(url) or passed, source={"study": "s", "trial": 3})
+    assert result.ok and result.outcome == "published"
+    assert asked == [URL]  # the canary replayed against production's endpoint, after the relaunch
+    assert _launches(fake) == [TUNED]  # staging's load_format=dummy never reaches production
+    adopted, entry = history.entries()
+    assert (adopted.outcome, adopted.values) == ("adopted", OLD)  # Xinference's launch record, read back
+    assert entry.values == TUNED and entry.canary == passed.summary and entry.source == {"study": "s", "trial": 3}
+    assert t.deployed() == TUNED
+
+
+def test_a_canary_miss_on_xinference_relaunches_the_last_good_config(tmp_path):
+    from autotune.publish.history import History
+    from autotune.publish.transaction import CanaryResult, publish
+
+    fake, t = _running(OLD)
+    history = History(tmp_path / "history")
+    phases = []
+    miss = CanaryResult(False, {"slos": [{"slo": "ttft<1s", "holds": False, "measured": 3.5}]})
+    result = publish(t, NEW, history, lambda url: miss, on_phase=phases.append)
+    assert not result.ok and result.outcome == "rolled-back"
+    assert phases == ["verifying", "rolling_back"]
+    assert _launches(fake) == [TUNED, OLD]  # the winner, then production's own config again
+    assert fake.calls().count("DELETE /v1/models/prod") == 2  # each launch replaced the model under the uid
+    adopted, entry = history.entries()
+    assert entry.restored == adopted.number == 1 and entry.canary == miss.summary
+    assert entry.reason == "canary missed ttft<1s (measured 3.5)"
+    assert t.deployed() == OLD and fake.instances["prod"]["status"] == "READY"
+
+
+def test_a_winner_that_fails_to_launch_on_xinference_is_rolled_back_with_the_engine_error(tmp_path):
+    from autotune.publish.history import History
+    from autotune.publish.transaction import CanaryResult, publish
+
+    fake, t = _running(OLD)
+    error = "ValueError: No available memory for the cache blocks."
+    launch = fake._models
+
+    def models(method, path, request, body):  # only the winner's launch fails, as an oversized KV cache would
+        if method == "POST" and path == "/v1/models":  # the polls that follow report this launch's fate
+            fake.launch_error = error if body.get("max_num_seqs") == TUNED["max_num_seqs"] else None
+        return launch(method, path, request, body)
+
+    fake._models = models
+    history = History(tmp_path / "history")
+    asked = []
+    result = publish(t, NEW, history, lambda url: asked.append(url) or CanaryResult(True, {}))
+    assert not result.ok and asked == []  # no canary on a model that never came up
+    assert _launches(fake) == [TUNED, OLD]
+    adopted, entry = history.entries()
+    assert entry.outcome == "rolled-back" and entry.restored == adopted.number and error in entry.reason
+    assert t.deployed() == OLD
