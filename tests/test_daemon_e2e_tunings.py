@@ -6,6 +6,8 @@ production and as staging (a tuning child, its staging engines, Optuna's SQLite 
   against a config nobody runs, and must not be published (this daemon publishes without approval).
 - item 7: the next tuning's warm starts (earlier winners enqueued as baselines) never repeat production's config or
   vLLM's defaults, take at most a third of the budget, and leave trials to the sampler.
+- item 8: a tuning whose candidates tie with production on the re-measurement (though the sampled one measured
+  more once) publishes nothing and restarts nothing.
 """
 
 import optuna
@@ -14,8 +16,8 @@ import yaml
 from prometheus_client import generate_latest
 
 from autotune.daemon.state import Phase
-from autotune.study.records import Attr
-from tests.test_daemon_e2e import Users, cli, ticks
+from autotune.study.records import Attr, StudyResult
+from tests.test_daemon_e2e import Users, cli, running, ticks, watched_a_full_window
 from tests.test_daemon_e2e import prod  # noqa: F401  (the fixture)
 from tests.test_daemon_e2e_decisions import _propose, _publish_on_the_loop, _sample
 
@@ -93,3 +95,50 @@ def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_s
         print(f"it chose trial {pick.number} ({pick.user_attrs.get(Attr.BASELINE) or 'sampled'}): {pick.params}")
         assert pick.user_attrs.get(Attr.BASELINE) != "production" and seqs(pick) != 2, pick.params
         assert best == pytest.approx(pick.user_attrs[Attr.CAPACITY_RPS]), (best, pick.user_attrs[Attr.CAPACITY_RPS])
+
+
+# -- item 8: a tuning whose candidates tie with production publishes nothing ------------------------------------------
+
+@pytest.fixture
+def prod32(tmp_path, tiny_model, state_dir):
+    """Production already runs 32 sequences at a time: at users' 5 req/s of short completions every config from 32
+    to 64 sequences holds the SLOs at every load the tuning offers, so its candidates tie with production."""
+    yield from running(tmp_path, tiny_model, max_num_seqs=32)
+
+
+def test_a_tuning_whose_candidates_tie_with_production_publishes_nothing(prod32, capsys):
+    prod = prod32
+    staging = prod.root / "staging.toml"
+    staging.write_text(staging.read_text().replace("low = 2, high = 64", "low = 32, high = 64")
+                       .replace('step_duration = "2s"', 'step_duration = "1s"'))
+    path = prod.write()  # no approval: a tie the daemon took for a gain would restart production at once
+    d = prod.daemon()
+    with Users(prod.port) as users:
+        ticks(d, 30, until=watched_a_full_window)
+        assert watched_a_full_window(d), d.state.note
+        pid, restarts = prod.pid(), prod.restarts()
+        code, out, err = cli(capsys, "retune", "--config", path, "--reason", "e2e tie")
+        assert code == 0, err
+        ticks(d, 30, until=lambda d: d.state.phase is Phase.TUNING)
+        assert d.state.phase is Phase.TUNING and d.state.production_values["max_num_seqs"] == 32, d.state
+        name = d.state.study_name
+        seen = ticks(d, 120, until=lambda d: d.state.phase is not Phase.TUNING)
+        seen += ticks(d, 2)  # a publish would start at once: give it the ticks to show
+    journal = capsys.readouterr().out
+    print(f"{journal}\nusers: {users.failed} of {users.sent} failed")
+    result = StudyResult.load(d.study.storage, name)
+    first = {r.baseline or "sampled": r.capacity_rps for r in result.records if r.state is optuna.trial.TrialState.COMPLETE}
+    again = {c["label"]: c["median"] for c in result.remeasurement.candidates}
+    print(f"first measured {first}, re-measured {again}")
+    assert d.state.phase is Phase.WATCHING, seen
+    assert not [p for p, _ in seen if p in ("publishing", "verifying", "awaiting_approval")], seen
+    assert [e.outcome for e in d.history.entries()] == ["adopted"], d.history.entries()
+    assert (prod.pid(), prod.restarts()) == (pid, restarts), "production restarted on a tie"
+    assert _running(prod) == 32
+    # the case of item 8: the sampled config measured more than production once (it raced from the baselines'
+    # capacity, the top of their load ladder), and tied on the re-measurement, where it counts
+    assert first["sampled"] > first["production"] == first["vllm-defaults"], first
+    assert len(set(again.values())) == 1, again
+    verdict = d.state.last_decision
+    assert verdict.startswith(f"tuning {name}: production's config stays (") and "within the noise" in verdict, verdict
+    assert "production's config stays" in journal, journal
