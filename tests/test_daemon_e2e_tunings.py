@@ -8,6 +8,8 @@ production and as staging (a tuning child, its staging engines, Optuna's SQLite 
   vLLM's defaults, take at most a third of the budget, and leave trials to the sampler.
 - item 8: a tuning whose candidates tie with production on the re-measurement (though the sampled one measured
   more once) publishes nothing and restarts nothing.
+- item 10: once a tuning ended, ``autotune_trials`` has nothing running or waiting, and production's capacity is
+  what the tuning measured of production's config.
 """
 
 import optuna
@@ -30,6 +32,21 @@ def _running(prod) -> int:
 
 def _trials(d, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=d.study.storage).get_trials(deepcopy=False)
+
+
+def _settled(d) -> None:
+    """Item 10: once a tuning ended, no trial of it runs or waits, whatever the last look at the running study saw."""
+    assert (_sample(d, "autotune_trials", state="waiting"), _sample(d, "autotune_trials", state="running")) == (0, 0)
+
+
+def _production_measured(d, name: str) -> float:
+    """What the tuning ``name`` measured of production's config: its `production` baseline's re-measured median if
+    the re-measurement took it, else its one measurement (read from the study here, not by the daemon's code)."""
+    result = StudyResult.load(d.study.storage, name)
+    prod = [r for r in result.records if r.baseline == "production" and r.state is optuna.trial.TrialState.COMPLETE]
+    assert len(prod) == 1, [(r.number, r.baseline, r.state) for r in result.records]
+    again = [c for c in (result.remeasurement.candidates if result.remeasurement else []) if c["trial"] == prod[0].number]
+    return float(again[0]["median"]) if again else prod[0].capacity_rps
 
 
 def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_starts_sparingly(prod, capsys):
@@ -63,6 +80,7 @@ def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_s
         assert "production's config changed while it ran (max_num_seqs 32 -> 2" in d.state.note, d.state.note
         assert len(d.history.entries()) == 3 and d.history.proposal() is None, d.history.entries()
         assert _running(prod) == 2, "production must stay on the config the person rolled back to"
+        _settled(d)
         winners = [t for t in _trials(d, first) if t.state is optuna.trial.TrialState.COMPLETE and t.value]
         assert winners, "the first tuning measured nothing: item 7 below needs its winners"
 
@@ -74,6 +92,10 @@ def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_s
         assert second != first and d.state.production_values["max_num_seqs"] == 2, d.state
         seen = ticks(d, 300, until=lambda d: d.state.phase is not Phase.TUNING)
         assert d.state.phase in (Phase.WATCHING, Phase.PUBLISHING, Phase.VERIFYING), seen
+        # item 10, as the tuning ends (a publish it starts changes production's capacity only once it is done)
+        _settled(d)
+        measured = _production_measured(d, second)
+        assert measured > 0 and _sample(d, "autotune_production_capacity_requests_per_second") == pytest.approx(measured)
     trials = _trials(d, second)
     baselines = {t.user_attrs.get(Attr.BASELINE): t for t in trials if t.user_attrs.get(Attr.BASELINE)}
     warm = {k: t for k, t in baselines.items() if k.startswith("earlier-")}
@@ -142,3 +164,7 @@ def test_a_tuning_whose_candidates_tie_with_production_publishes_nothing(prod32,
     verdict = d.state.last_decision
     assert verdict.startswith(f"tuning {name}: production's config stays (") and "within the noise" in verdict, verdict
     assert "production's config stays" in journal, journal
+    # item 10: nothing of the ended tuning runs or waits; production's capacity is what the tuning measured of it
+    _settled(d)
+    measured = _production_measured(d, name)
+    assert measured > 0 and _sample(d, "autotune_production_capacity_requests_per_second") == pytest.approx(measured)
