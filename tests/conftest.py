@@ -9,11 +9,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    """The tiny random-weight Llama; built on first use (no hub: local text, random weights)."""
-    path = Path(os.environ.get("AUTOTUNE_TINY_MODEL", ROOT / "models" / "tiny-llama"))
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny random-weight Llama (no hub: local text, random weights), built once per run under pytest's
+    temp dir (~10 s); AUTOTUNE_TINY_MODEL names a kept one instead (built there if missing)."""
+    kept = os.environ.get("AUTOTUNE_TINY_MODEL")
+    path = Path(kept) if kept else tmp_path_factory.mktemp("models") / "tiny-llama"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)], check=True,
                    stdout=subprocess.DEVNULL)
+    return path
+
+
+def example_study(name: str, tiny_model: Path, dest: Path) -> Path:
+    """studies/NAME.toml copied to ``dest``, naming the run's tiny model where it names models/tiny-llama
+    (the path the quickstart builds it at, relative to the working directory)."""
+    text = (ROOT / "studies" / f"{name}.toml").read_text()
+    assert '"models/tiny-llama"' in text, f"studies/{name}.toml no longer names models/tiny-llama"
+    path = dest / f"{name}.toml"
+    path.write_text(text.replace('"models/tiny-llama"', f'"{tiny_model}"'))
     return path
 
 
@@ -150,10 +162,9 @@ def _leftovers(mark: str) -> list:
 
 # Where a test run must write nothing. The repository's working tree, less what tools own there (git, the
 # virtual environments the install scripts make before pytest, bytecode, pytest's and Hypothesis' own
-# caches) and models/: the tiny model is built there on first use (the tiny_model fixture), because the
-# example studies and the quickstart name models/tiny-llama; moving it under a temp dir is still to do.
+# caches). The tiny model is built under pytest's temp dir (the tiny_model fixture), not in models/.
 _REPO_SKIP = {".git", ".venv", ".venv-xinference", "__pycache__", ".pytest_cache", ".hypothesis",
-              ".mypy_cache", ".ruff_cache", "models"}
+              ".mypy_cache", ".ruff_cache"}
 # And the user's own dirs, by the names autotune, vLLM, Hugging Face and torch write under.
 _HOME_DIRS = (".cache", ".config", ".local/state", ".local/share")
 _HOME_NAMES = ("autotune", "vllm", "huggingface", "torch", "triton", "optuna")

@@ -31,7 +31,7 @@ from autotune.publish.transaction import publish, recover
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
 from tests.bluegreen_rig import Nginx, color_serving, make_target, rig_description
-from tests.conftest import free_port
+from tests.conftest import example_study, free_port
 
 GOOD = {"max_model_len": 8192, "max_num_seqs": 64, "gpu_memory_utilization": 0.9}
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_a_verification_that_fails_after_the_switch_switches_back(rig, tmp_path,
 STEPS = ["starting", "canary", "switching", "verifying", "retiring"]
 
 
-def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=None, gpus=None, canary_requests=60):
+def daemon_config(target, nginx, desc, tmp_path, staging, verify_window="4s", gpus=None, canary_requests=60):
     """A daemon config for the rig: blue-green production, the repo's vllm-sim staging study, nothing
     that would start a tuning on its own (no schedule, no tuned fingerprint to drift from)."""
     import tomli_w
@@ -250,7 +250,7 @@ def daemon_config(target, nginx, desc, tmp_path, verify_window="4s", staging=Non
         if gpus:
             production[name]["gpus"] = gpus[name]
     data = {"slos": ["ttft<2s"], "state_dir": str(tmp_path / "state"), "production": production,
-            "staging": {"study": str(staging or ROOT / "studies" / "sim-h100-8b-chat.toml")}, "metrics": {"listen": ""},
+            "staging": {"study": str(staging)}, "metrics": {"listen": ""},
             "watch": {"scrape_interval": "1s", "window": "10s"}, "triggers": {"every": "0"},
             "tuning": {"canary_requests": canary_requests}, "publish": {"approval": True}}
     config = tmp_path / "d.toml"
@@ -266,7 +266,8 @@ def test_a_daemon_killed_at_a_step_of_the_switch_resumes_to_one_color_serving(ri
     from autotune.daemon.state import DaemonState, Phase, StateStore
 
     target, nginx, desc = rig
-    config, history_dir = daemon_config(target, nginx, desc, tmp_path, canary_requests=8)
+    config, history_dir = daemon_config(target, nginx, desc, tmp_path, example_study("sim-h100-8b-chat", tiny_model, tmp_path),
+                                        canary_requests=8)
     history = History(history_dir)
     blue_values = target.colors["blue"].server.deployed()
     history.add("adopted", blue_values, source={"target": "blue-green"})
@@ -337,12 +338,12 @@ def test_a_daemon_killed_at_a_step_of_the_switch_resumes_to_one_color_serving(ri
 # --- the daemon's view -------------------------------------------------------------------------------
 
 
-def test_daemon_check_on_a_blue_green_production(rig, tmp_path):
+def test_daemon_check_on_a_blue_green_production(rig, tmp_path, tiny_model):
     """`autotune daemon --check` reads a blue-green [production]: every command, the proxy, the live color."""
     import tomllib
 
     target, nginx, desc = rig
-    config, _ = daemon_config(target, nginx, desc, tmp_path)
+    config, _ = daemon_config(target, nginx, desc, tmp_path, example_study("sim-h100-8b-chat", tiny_model, tmp_path))
 
     def check():
         return subprocess.run([sys.executable, "-m", "autotune", "daemon", "--check", "--config", str(config)],
@@ -379,7 +380,7 @@ def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig,
     target, nginx, desc = rig
     staging = tmp_path / "staging.toml"
     staging.write_text(STAGING.format(root=tmp_path, python=sys.executable, port=free_port(), model=tiny_model))
-    config, history = daemon_config(target, nginx, desc, tmp_path, staging=staging, gpus={"blue": "0", "green": "1"})
+    config, history = daemon_config(target, nginx, desc, tmp_path, staging, gpus={"blue": "0", "green": "1"})
     # green serves entry 2; blue (GPU 0) is idle
     result = publish(target, {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 96}, History(history),
                      canary_for(tiny_model), verify=production_verifier(parse_slos(["ttft<2s"]), 1.0, min_requests=1000))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import tomli_w
 
-from tests.conftest import free_port
+from tests.conftest import example_study, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None):
+def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tiny_model=None):
     if yaml:
         (tmp_path / "p.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 64\n")
     data = {
@@ -24,7 +24,7 @@ def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None):
         "state_dir": str(tmp_path / "state"),
         "production": {"url": url, "config": str(tmp_path / "p.yaml"), "model": "llama-3.1-8b",
                        "restart": list(restart)},
-        "staging": {"study": str(study or ROOT / "studies" / "sim-h100-8b-chat.toml")},
+        "staging": {"study": str(study or example_study("sim-h100-8b-chat", tiny_model, tmp_path))},
         "metrics": {"listen": f"127.0.0.1:{free_port()}"},
     }
     p = tmp_path / "d.toml"
@@ -38,8 +38,8 @@ def check(path):
                           env={**os.environ, "AUTOTUNE_STATE_DIR": str(path.parent / "env-state")})
 
 
-def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim):
-    r = check(write_config(tmp_path, vllm_sim))
+def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim, tiny_model):
+    r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model))
     assert r.returncode == 0, r.stderr
     assert "all 6 checks pass" in r.stdout and r.stderr == ""
     assert not (tmp_path / "state").exists()  # a check writes nothing
@@ -64,8 +64,8 @@ def test_each_missing_piece_is_one_line_and_a_failing_exit(tmp_path):
     assert "names no tokenizer that exists here" in staging and "'/no/such/vllm-sim' is not an executable" in staging
 
 
-def test_a_production_yaml_that_does_not_parse_is_named(tmp_path, vllm_sim):
-    path = write_config(tmp_path, vllm_sim)
+def test_a_production_yaml_that_does_not_parse_is_named(tmp_path, vllm_sim, tiny_model):
+    path = write_config(tmp_path, vllm_sim, tiny_model=tiny_model)
     (tmp_path / "p.yaml").write_text("model: [unclosed\n")
     r = check(path)
     assert r.returncode == 1 and "production config: " in r.stderr and "p.yaml" in r.stderr, r.stderr

@@ -23,7 +23,7 @@ from autotune.sim.perf import API_SERVER
 from autotune.sim.profiles import GPUS, model_shape
 from autotune.sim.scheduler import FreeQueue
 from autotune.workload.source import LoadSteps, WorkloadSpec
-from tests.conftest import free_port
+from tests.conftest import example_study, free_port
 from tests.test_study_sim import STUDY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +115,7 @@ def test_a_cpu_study_simulates_first_only_once_this_host_is_calibrated(tmp_path,
     from autotune.workload.source import LoadSteps
 
     monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path))
-    study = tmp_path / "cpu.toml"
-    study.write_text((ROOT / "studies" / "tiny-cpu-chat.toml").read_text().replace('"models/tiny-llama"', f'"{tiny_model}"'))
+    study = example_study("tiny-cpu-chat", tiny_model, tmp_path)
     d = load_study(study, default_platform="cpu")
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     shape = model_shape(str(tiny_model))
