@@ -38,7 +38,8 @@ if [ ${#PATTERNS[@]} -eq 0 ]; then
             "$R.x_judge__mutmut_*" "$R.xǁCandidateǁ*" "$R.xǁRemeasurementǁ*")
 fi
 TESTS=(tests/test_measure_core.py tests/test_metrics.py tests/test_slo.py tests/test_replay.py
-       tests/test_study_space.py tests/test_study_runner.py tests/test_report.py)
+       tests/test_study_space.py tests/test_study_runner.py tests/test_report.py
+       tests/test_study_race.py::test_a_race_starts_at_the_incumbent_and_ends_at_its_first_miss)
 
 if ! "$PY" -c 'import mutmut' 2>/dev/null; then
   echo "mutation.sh: mutmut is not installed in $PY; run: $PY -m pip install 'mutmut>=3.8,<4'" >&2
