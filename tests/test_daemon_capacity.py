@@ -61,3 +61,29 @@ def test_production_capacity_comes_back_after_a_restart(daemon_file, state_dir, 
     entry(root, 3, "published", {"max_num_seqs": 2}, time=t0 + 800, source={"rollback_to": 1, "by": "hand"})
     d.tick()
     assert _capacity(metrics) == f"{GAUGE} 8.0"
+
+
+def test_a_rollback_during_a_tuning_is_not_credited_with_what_the_tuning_measured(daemon_file, state_dir,
+                                                                                  monkeypatch):  # noqa: F811
+    """The tuning measured production's config when it started (24 sequences, 8.0 req/s); a rollback by hand
+    to an older entry (2 sequences) meanwhile: that 8.0 is not the capacity of what production runs now."""
+    path = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    t0 = time.time() - 3600
+    entry(root, 1, "adopted", {"max_num_seqs": 2}, time=t0)
+    entry(root, 2, "published", {"max_num_seqs": 24}, time=t0 + 10,
+          source={"study": "prod-tune-000", "trial": 3, "capacity_rps": 11.1})
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
+    # the tuning started on entry 2's config, then `autotune rollback --to 1`, then the tuning ended
+    entry(root, 3, "published", {"max_num_seqs": 2}, time=t0 + 300, source={"rollback_to": 1, "by": "hand"})
+    StateStore(root).save(DaemonState(phase=Phase.WATCHING, since=t0 + 600, study_name="prod-tune-001", tunings=1,
+                                      tuning_started=t0 + 60, last_tuning_end=t0 + 600,
+                                      production_values={"max_num_seqs": 24}))
+    d, metrics = _restarted(path)
+    d.tick()
+    # nothing measured entry 1's config: the gauge says nothing rather than the 8.0 of the 24-sequence config
+    assert _capacity(metrics) != f"{GAUGE} 8.0", _capacity(metrics)
+    # had production kept entry 2's config, the tuning's 8.0 would be its capacity
+    entry(root, 4, "published", {"max_num_seqs": 24}, time=t0 + 700, source={"rollback_to": 2, "by": "hand"})
+    d.tick()
+    assert _capacity(metrics) == f"{GAUGE} 8.0"

@@ -412,14 +412,14 @@ class Daemon:
         done = dict(last_tuning_end=now, tuned_fingerprint=self.fingerprint.to_json()
                     if self.fingerprint else st.tuned_fingerprint, empty_tunings=0, retry_at=0.0)
         held = self._cooldown_text()
+        moved = self._production_moved()
         prod_cap = production_capacity(result)
-        if prod_cap is not None:
+        if prod_cap is not None and moved is None:  # else it measured a config production no longer runs
             self.metrics.production_capacity.set(prod_cap)
         if rc == 1 or result.remeasurement is None:
             self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs{held}", **done)
             return
         self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
-        moved = self._production_moved()
         if moved is not None:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
             self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
@@ -620,7 +620,11 @@ class Daemon:
             prod = back
         st = self.state
         started = st.tuning_started or st.last_tuning_end  # a state file from before tuning_started: its end
-        if st.study_name and st.last_tuning_end and prod.time < started and st.phase is not Phase.TUNING:
+        # the tuning's `production` baseline ran the config production had when it started (production_values;
+        # a state file from before that field: any entry older than the tuning), not one rolled back to meanwhile
+        measured_by_it = (same_config(prod.values, st.production_values) if st.production_values is not None
+                          else prod.time < started)
+        if st.study_name and st.last_tuning_end and measured_by_it and st.phase is not Phase.TUNING:
             if st.study_name not in self._capacities:  # a finished study does not change: read it once
                 result = self._tuning_result(st.study_name)
                 self._capacities[st.study_name] = production_capacity(result) if result is not None else None
