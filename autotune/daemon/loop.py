@@ -423,13 +423,13 @@ class Daemon:
         if moved is not None:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
             self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
-                      f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
-                      f"stale{held}; `autotune retune` measures the one it runs now", **done)
+                         f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
+                         f"stale{held}; `autotune retune` measures the one it runs now", **done)
             return
         choice = choose(result)
         if choice.trial is None:
             self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}",
-                      **done)
+                         **done)
             return
         winner, why = result.trial(choice.trial), choice.why
         values = dict(winner.engine_args.values)
@@ -440,7 +440,7 @@ class Daemon:
                 self.history.settle(old, "rejected", reason="replaced by a newer proposal")
             e = self.history.add("proposed", values, source=source)
             self._decide(Phase.AWAITING_APPROVAL, note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
-                      f"waits for `autotune publish --approve`: {why}", **done)
+                         f"waits for `autotune publish --approve`: {why}", **done)
             return
         self._decide(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
         self._job = self._pool.submit(self._publish, values, source)
@@ -472,9 +472,9 @@ class Daemon:
             tried = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v) or "none"
             why = f"measured nothing (trials: {tried})"
         self._decide(Phase.WATCHING, note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
-                  + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0
-                     else "its trigger may fire again"),
-                  empty_tunings=n, retry_at=time.time() + wait)
+                     + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0
+                        else "its trigger may fire again"),
+                     empty_tunings=n, retry_at=time.time() + wait)
 
     def _stop_child(self) -> None:
         if self._child is not None:
@@ -564,7 +564,7 @@ class Daemon:
         self._history_metrics()
         self.metrics.last_publish.set(time.time())  # ended now
         self._decide(Phase.WATCHING, note=f"entry {result.entry.number}: {result.outcome}"
-                  + (f" ({result.entry.reason})" if result.entry.reason else ""))
+                     + (f" ({result.entry.reason})" if result.entry.reason else ""))
 
     # -- start-up --------------------------------------------------------------------------------
 
