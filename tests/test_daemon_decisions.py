@@ -331,6 +331,28 @@ def test_tunings_keep_their_runs_under_the_state_dir_not_the_working_directory(d
     assert list(cwd.iterdir()) == []
 
 
+def test_a_tuning_replays_every_request_it_synthesized(daemon_file):
+    """The synthesized trace's TUNING_REQUESTS requests are all the tuning's: a load step at twice the
+    fingerprint's rate draws on all of them, not on the first 200 twice (repeated prompts are prefix-cache
+    hits that no user would send)."""
+    from autotune.workload.source import LoadSteps
+
+    p = daemon_file()
+    staging = p.parent / "staging.toml"  # its steps last as long as the daemon makes them: half the trace's span
+    staging.write_text("\n".join(x for x in staging.read_text().splitlines() if not x.startswith("step_duration")))
+    d = Daemon(load_daemon_config(p))
+    path = d.root / "tunings" / "prod-tune-001.toml"
+    d._write_tuning_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
+    derived = load_study(path)
+    assert derived.workload.num_requests == tuning.TUNING_REQUESTS
+    steps = LoadSteps(derived.workload, derived.objective.step_seconds)
+    assert len(steps.base.requests) == tuning.TUNING_REQUESTS
+    at_two = [r.prompt for r in steps.at(2.0).requests]
+    assert len(at_two) >= 0.9 * tuning.TUNING_REQUESTS, len(at_two)
+    # (a step rounded up to whole seconds may take a request or two again from the start)
+    assert len(set(at_two)) >= 0.97 * len(at_two), f"{len(at_two) - len(set(at_two))} of {len(at_two)} repeated"
+
+
 def load_study_storage(tmp_path, text):
     (tmp_path / "staging.toml").write_text(text)
     return load_study(tmp_path / "staging.toml").storage

@@ -55,10 +55,14 @@ def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, 
     workload = workload_from(fingerprint, requests=TUNING_REQUESTS, seed=seed,
                              max_model_len=int(mml) if mml else None, name=name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    requests = None  # a trace the operator configured: the staging study's own cap
     if trace is None:
         trace = path.with_suffix(".jsonl")
         builder = PromptBuilder(load_tokenizer(staging.workload.tokenizer))
         write_trace(materialize(workload, builder, seed=0), trace)
+        # every synthesized request: a load step past the first 200 would replay identical prompts, which the
+        # prefix cache serves for free and so flatter prefix caching at high loads
+        requests = len(workload.requests)
     names = set(build_space(staging).names())
     baselines: dict[str, dict[str, Any]] = {}
     production = {k: v for k, v in (deployed or {}).items() if k in names}
@@ -69,7 +73,7 @@ def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, 
     return derive_study(template, path, name=name, storage=staging.storage, runs_dir=staging.runs_dir, slos=slos,
                         trace=trace, tokenizer=staging.workload.tokenizer,
                         step_duration=f"{max(workload.span_s / 2, 10):.0f}s", baselines=baselines,
-                        engine_env=engine_env)
+                        engine_env=engine_env, requests=requests)
 
 
 def move_to_gpus(study_file: Path, gpus: str) -> None:

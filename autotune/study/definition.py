@@ -284,14 +284,15 @@ def _gpus(t: Table) -> tuple[GpuInfo, ...]:
 
 def derive_study(template: Path, out: Path, *, name: str, storage: str, runs_dir: Path, slos: list[str],
                  trace: Path, tokenizer: Path | None, step_duration: str, baselines: dict[str, dict[str, Any]],
-                 engine_env: dict[str, str] | None = None) -> Path:
+                 engine_env: dict[str, str] | None = None, requests: int | None = None) -> Path:
     """Write a study file that is ``template`` with another name, workload, SLOs and baselines.
 
     The daemon's re-tuning studies are made this way: the staging study as the operator wrote it,
     production's traffic as the workload, production's config and earlier winners as baselines
     (``baselines``: name -> values; "production" becomes [baselines].production, the rest extra
     entries, replacing earlier extra entries of the same names); ``engine_env`` is set over
-    [engine.env] (the GPUs a blue/green production leaves idle). The result is read back with
+    [engine.env] (the GPUs a blue/green production leaves idle); ``requests``: how many of the trace's
+    requests a load step draws on (else the study's default, 200). The result is read back with
     ``load_study`` before it is returned, so a bad derivation fails here, not in a child process.
     """
     import tomli_w
@@ -303,6 +304,8 @@ def derive_study(template: Path, out: Path, *, name: str, storage: str, runs_dir
     workload: dict[str, Any] = {"trace": str(Path(trace).resolve())}
     if tokenizer is not None:
         workload["tokenizer"] = str(Path(tokenizer).resolve())
+    if requests is not None:
+        workload["requests"] = requests
     data["workload"] = workload
     data.setdefault("objective", {}).setdefault("step_duration", step_duration)
     if engine_env:
