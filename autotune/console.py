@@ -12,7 +12,7 @@ from rich.table import Table
 
 from autotune.measure.session import Outcome
 from autotune.measure.tables import outcome_tables
-from autotune.measure.slo import LATENCY_METRICS
+from autotune.study.lines import elapsed_text, gain_text, same_trial, trial_line
 from autotune.study.records import Remeasurement, StudyResult, TrialRecord
 
 out = Console()
@@ -34,73 +34,14 @@ def print_result(result: Outcome) -> None:
         out.print(table)
 
 
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _gain(capacity: float, reference: TrialRecord | None) -> str:
-    if reference is None or reference.capacity_rps <= 0:
-        return ""
-    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% vs {reference.label}"
-
-
-def _missed(r: TrialRecord) -> str:
-    """How the lowest load missed: the SLOs that failed there, measured against target."""
-    steps = sorted(r.steps, key=lambda s: s["load"])
-    if not steps:
-        return "nothing measured"
-    low = steps[0]
-    misses = [v for v in low.get("slos", []) if not v["holds"]]
-    said = ", ".join(f"{v['slo']} measured {_measured(v)}" for v in misses) or f"{low['failed']} failed requests"
-    return f"no load met the SLOs (at {low['rate']:.2f} req/s: {said})"
-
-
-def _measured(v: dict) -> str:
-    m = v.get("measured")
-    if m is None:
-        return "nothing"
-    latency = v["key"].rpartition("_")[2] in LATENCY_METRICS  # p95_ttft, mean_tpot; rps is a rate
-    return f"{m * 1000:.0f} ms" if latency else f"{m:.2f}"
-
-
-def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
-    """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
-    config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
-    if r.failure_class:
-        outcome = f"{r.failure_class}: {r.failure}"
-    elif r.state == TrialState.PRUNED and r.race and r.race.get("lost"):
-        outcome = (f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
-                   f"{r.race['missed_at_rps']:.2f} req/s, where it holds them")
-    elif r.state == TrialState.PRUNED:
-        outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
-    elif r.state != TrialState.COMPLETE:
-        outcome = r.state.name.lower()
-    elif r.feasible and r.capacity_rps > 0:
-        outcome = (f"{r.capacity_rps:.2f} req/s within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s)"
-                   + ("" if _same(r, reference) else _gain(r.capacity_rps, reference)))
-    else:
-        outcome = _missed(r)
-    took = f" [{_duration(r.wall_s)}]" if r.wall_s else ""
-    return f"trial {r.number} ({r.chosen_because}) {config} -> {outcome}{took}"
-
-
-def _same(r: TrialRecord, other: TrialRecord | None) -> bool:
-    return other is not None and other.number == r.number
-
-
 def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
     """The same trial for machines (``autotune study --json``): one JSON object per line."""
     return {"event": "trial", "number": r.number, "label": r.label, "chosen_because": r.chosen_because,
             "state": r.state.name.lower(), "params": r.params, "config": r.config, "feasible": r.feasible,
             "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
             "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s, "race": r.race,
-            "gain_over": reference.label if reference is not None and not _same(r, reference) else None,
-            "gain": (r.capacity_rps / reference.capacity_rps - 1) if reference is not None and not _same(r, reference)
+            "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
+            "gain": (r.capacity_rps / reference.capacity_rps - 1) if reference is not None and not same_trial(r, reference)
             and reference.capacity_rps > 0 and r.feasible else None}
 
 
@@ -133,9 +74,9 @@ class Progress:
         best = "no trial within the SLOs yet"
         if self.best is not None:
             best = f"{self.best.capacity_rps:.2f} req/s (trial {self.best.number}"
-            best += ("" if _same(self.best, self.reference) else _gain(self.best.capacity_rps, self.reference)) + ")"
-        spent = f"{'GPU' if self.gpu else 'engine'} time {_duration(self.engine_s)}"
-        left = f", about {_duration(self.left_s)} left" if self.left_s is not None else ""
+            best += ("" if same_trial(self.best, self.reference) else gain_text(self.best.capacity_rps, self.reference)) + ")"
+        spent = f"{'GPU' if self.gpu else 'engine'} time {elapsed_text(self.engine_s)}"
+        left = f", about {elapsed_text(self.left_s)} left" if self.left_s is not None else ""
         return f"{self.done}{of} trials; best {best}; {spent}{left}"
 
 

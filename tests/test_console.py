@@ -2,7 +2,8 @@
 
 from optuna.trial import TrialState
 
-from autotune.console import Progress, trial_line
+from autotune.console import Progress
+from autotune.study.lines import trial_line
 from autotune.study.records import StudyResult, TrialRecord
 
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from autotune.console import trial_line
+from autotune.study.lines import trial_line
 from autotune.daemon.loop import Daemon
 from autotune.daemon.state import DaemonState, Phase
 from autotune.study.records import Attr, StudyResult

@@ -42,7 +42,6 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.console import trial_line
 from autotune.daemon import notify
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
@@ -56,6 +55,7 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, rollback, same_config, tidy
+from autotune.study.lines import trial_line
 from autotune.study.records import StudyResult
 
 __all__ = ["Daemon"]

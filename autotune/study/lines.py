@@ -1,0 +1,73 @@
+"""A finished trial in words: the line ``autotune study`` prints for it and the daemon's journal repeats.
+
+Pure text from a ``TrialRecord`` (which config, why it ran, its capacity or why it has none), so the
+console and the daemon, which may not know each other, say a trial the same way.
+"""
+
+from __future__ import annotations
+
+from optuna.trial import TrialState
+
+from autotune.measure.slo import LATENCY_METRICS
+from autotune.study.records import TrialRecord
+
+__all__ = ["elapsed_text", "gain_text", "same_trial", "trial_line"]
+
+
+def elapsed_text(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def gain_text(capacity: float, reference: TrialRecord | None) -> str:
+    if reference is None or reference.capacity_rps <= 0:
+        return ""
+    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% vs {reference.label}"
+
+
+def _missed(r: TrialRecord) -> str:
+    """How the lowest load missed: the SLOs that failed there, measured against target."""
+    steps = sorted(r.steps, key=lambda s: s["load"])
+    if not steps:
+        return "nothing measured"
+    low = steps[0]
+    misses = [v for v in low.get("slos", []) if not v["holds"]]
+    said = ", ".join(f"{v['slo']} measured {_measured(v)}" for v in misses) or f"{low['failed']} failed requests"
+    return f"no load met the SLOs (at {low['rate']:.2f} req/s: {said})"
+
+
+def _measured(v: dict) -> str:
+    m = v.get("measured")
+    if m is None:
+        return "nothing"
+    latency = v["key"].rpartition("_")[2] in LATENCY_METRICS  # p95_ttft, mean_tpot; rps is a rate
+    return f"{m * 1000:.0f} ms" if latency else f"{m:.2f}"
+
+
+def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
+    """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
+    config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
+    if r.failure_class:
+        outcome = f"{r.failure_class}: {r.failure}"
+    elif r.state == TrialState.PRUNED and r.race and r.race.get("lost"):
+        outcome = (f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
+                   f"{r.race['missed_at_rps']:.2f} req/s, where it holds them")
+    elif r.state == TrialState.PRUNED:
+        outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
+    elif r.state != TrialState.COMPLETE:
+        outcome = r.state.name.lower()
+    elif r.feasible and r.capacity_rps > 0:
+        outcome = (f"{r.capacity_rps:.2f} req/s within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s)"
+                   + ("" if same_trial(r, reference) else gain_text(r.capacity_rps, reference)))
+    else:
+        outcome = _missed(r)
+    took = f" [{elapsed_text(r.wall_s)}]" if r.wall_s else ""
+    return f"trial {r.number} ({r.chosen_because}) {config} -> {outcome}{took}"
+
+
+def same_trial(r: TrialRecord, other: TrialRecord | None) -> bool:
+    return other is not None and other.number == r.number
