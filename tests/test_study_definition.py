@@ -10,6 +10,7 @@ import pytest
 from autotune.errors import ConfigError
 from autotune.study.definition import load_study
 from autotune.units import parse_duration
+from tests.conftest import example_study
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "studies").glob("*.toml"))
@@ -78,8 +79,8 @@ def test_durations():
         parse_duration("soon", "x")
 
 
-def test_dry_run_prints_exact_command_lines(tmp_path):
-    study = ROOT / "studies" / "tiny-cpu-chat.toml"
+def test_dry_run_prints_exact_command_lines(tmp_path, tiny_model):
+    study = example_study("tiny-cpu-chat", tiny_model, tmp_path)
     r = subprocess.run([sys.executable, "-m", "autotune", "study", str(study), "--dry-run", "6", "--storage",
                         f"sqlite:///{tmp_path}/never.db"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -89,7 +90,7 @@ def test_dry_run_prints_exact_command_lines(tmp_path):
                                                        "max-num-seqs-8"]
     for x in lines:
         argv = x["argv"]
-        assert argv[1:3] == ["serve", "models/tiny-llama"] and "--port" in argv
+        assert argv[1:3] == ["serve", str(tiny_model)] and "--port" in argv
         assert x["env"]["VLLM_CPU_KVCACHE_SPACE"] in ("1", "2")
         mnbt = int(argv[argv.index("--max-num-batched-tokens") + 1])
         assert mnbt >= int(argv[argv.index("--max-num-seqs") + 1])
