@@ -34,8 +34,10 @@ def one_line_exit_2(capsys, *argv: str) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _state(state_dir):
-    """Engine records and daemon state go to the test's own directory."""
+def _state(state_dir, tmp_path, monkeypatch):
+    """Engine records and daemon state go to the test's own directory, and so do the runs/ of the studies
+    here, which name no runs_dir (the default is relative to the working directory)."""
+    monkeypatch.chdir(tmp_path)
 
 
 STUDY = """

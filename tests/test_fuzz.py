@@ -133,7 +133,9 @@ def files(tmp_path_factory, tiny_model):
     (d / "empty.jsonl").write_text("")
     (d / "a-dir").mkdir()
     (d / "not-a-tokenizer.json").write_text('{"model": 5}')
-    study = {"name": "s", "slos": ["ttft<1s"], "engine": {"command": NO_ENGINE, "model": "m", "platform": "cpu"},
+    # runs_dir here: the storage the study "s" is made in below, and what `report`/`--dry-run` write, never ./runs
+    study = {"name": "s", "slos": ["ttft<1s"], "runs_dir": str(d),
+             "engine": {"command": NO_ENGINE, "model": "m", "platform": "cpu"},
              "workload": {"trace": str(d / "timed.jsonl")}, "budget": {"trials": 3}}
     (d / "study.toml").write_text(tomli_w.dumps(study))
     study["workload"] = {"scenario": "chat", "rate": 4, "requests": 3, "tokenizer": str(tiny_model),
