@@ -41,7 +41,8 @@ def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
             "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
             "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s, "race": r.race,
             "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
-            "gain": (r.capacity_rps / reference.capacity_rps - 1) if reference is not None and not same_trial(r, reference)
+            "gain": (r.capacity_rps / reference.capacity_rps - 1)
+            if reference is not None and not same_trial(r, reference)
             and reference.capacity_rps > 0 and r.feasible else None}
 
 
@@ -74,7 +75,8 @@ class Progress:
         best = "no trial within the SLOs yet"
         if self.best is not None:
             best = f"{self.best.capacity_rps:.2f} req/s (trial {self.best.number}"
-            best += ("" if same_trial(self.best, self.reference) else gain_text(self.best.capacity_rps, self.reference)) + ")"
+            gain = "" if same_trial(self.best, self.reference) else gain_text(self.best.capacity_rps, self.reference)
+            best += gain + ")"
         spent = f"{'GPU' if self.gpu else 'engine'} time {elapsed_text(self.engine_s)}"
         left = f", about {elapsed_text(self.left_s)} left" if self.left_s is not None else ""
         return f"{self.done}{of} trials; best {best}; {spent}{left}"

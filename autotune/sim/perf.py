@@ -24,8 +24,8 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   --enforce-eager launches every kernel (``eager_layer_s``, ~100 us per layer, about 15 kernels of
   ~6 us). A CPU host has no graphs: its compiled steps cost the piecewise figure.
 
-The host constants are round numbers from published vLLM profiles, except on the H100 and H200,
-whose host share is fitted; the A100's shares, the all-reduce latency of the calibrated GPUs and
+The host constants are round numbers from published vLLM profiles, except on the H100 (fitted) and
+the H200 (which takes the H100's); the A100's shares, the all-reduce latency of the calibrated GPUs and
 the API server's costs (``FrontEnd``) are fitted on public measurements too (bench/sim_fidelity.md
 has the errors on points held out of the fit). What
 matters for the search is that the trade-offs point the right way and have the right order of
