@@ -1,22 +1,38 @@
-"""How many trials does the search need to find a near-optimal vLLM config? (vllm-sim, virtual time)
+"""GPU-hours to a near-optimal vLLM config: autotune's search against its peers, on a truth it cannot see.
 
-For three scenarios, each on its own model and GPU profile:
-1. the truth: every point of a discretized engine-arg space is simulated (autotune.sim.virtual)
-   and its SLO capacity found by bisection over the load; the best is the optimum;
-2. three strategies, ten seeds each, run against that table: autotune's study strategy (the
-   runner's TPE sampler with constraints, the baselines enqueued first, the pre-check), Optuna's
-   random search, and the grid of vLLM's benchmarks/auto_tune (max_num_seqs x
-   max_num_batched_tokens at the highest gpu_memory_utilization that starts, found from the top
-   down by failed starts, everything else at vLLM's defaults; its order is fixed, so its seeds agree);
-3. the median number of trials, and of engine seconds (start-ups, failed ones included, plus
-   the load steps of a measured trial), until a trial reaches 95 % of the optimum's capacity.
+The truth is not the guide. For each scenario (model, GPU, workload, SLOs) and seed:
 
-A trial's value is the table's capacity: the benchmark measures the search, not measurement
-noise. Start-up seconds come from the simulated start-up (vllm-sim's model, time scale 1);
-a measured trial adds MEASURE_S (4 load steps of 60 s, as the example studies run).
+1. **The truth**: vllm-sim with *other* constants than the ones autotune ships. Every time constant the
+   fidelity table (bench/sim_fidelity.md) leaves uncertain is drawn per seed, log-normally, within that
+   table's held-out error: GEMM and attention shares of the datasheet peaks, the host's cost per step and per
+   sequence, the all-reduce, the API server's costs (``SIGMA``; clipped at 2 sigma). On top, every config gets
+   its own few-percent speed noise (``NOISE``), drawn from (seed, config). A config's true capacity is the
+   highest load (4.4 % apart) at which the truth meets every SLO; the optimum is the best over the grid
+   below (``truth_table``, cached under bench/search-truth/).
+2. **The strategies** measure configs only through the truth, as a GPU would answer: each real trial starts
+   the truth engine (its simulated start-up time, failed starts included) and replays the study's load steps
+   on it (``TruthGpu.measure``, standing in for autotune's one measurement function). They are:
+   - **autotune**: the real ``StudyRun`` (study/runner.py) as ``autotune study`` sets it up on a GPU host:
+     baselines, simulate first with the *shipped* calibration, refit on every measured trial, race the
+     incumbent, TPE once the simulator stops (cli/calibrate.py's simulator_for and refitter);
+   - **TPE**: the same runner with no simulator and no race (autotune before issue 10);
+   - **random**: Optuna's random sampler, no baselines;
+   - **auto_tune grid**: vLLM's benchmarks/auto_tune.sh: the highest gpu_memory_utilization that starts
+     (found top down by failed starts), then max_num_seqs x max_num_batched_tokens in list order;
+   - **bench sweep grid**: ``vllm bench sweep serve --serve-params`` with the staircase list of vLLM's docs
+     (https://docs.vllm.ai/en/latest/benchmarking/sweeps/), continued over this space, at vLLM's defaults.
+3. **The score**: per run, the real trials and GPU-hours (start-ups, failed ones included, plus load steps,
+   times the tensor-parallel GPUs) until a trial measures a config whose true capacity is within 95 % of the
+   optimum; the median over seeds ("> N" when fewer than half the runs got there within the budget).
 
-    .venv/bin/python scripts/bench_search.py                 # table; truth cached under bench/
-    .venv/bin/python scripts/bench_search.py --fresh --jobs 2
+A config the search samples between grid points is measured as its nearest grid point (log scale for
+counts): the truth is tabulated. enforce_eager stays off (CUDA graphs), to keep the truth's grid to 240
+points; block size stays at vLLM's default.
+
+    .venv/bin/python scripts/bench_search.py --seeds 5                 # the README's table
+    .venv/bin/python scripts/bench_search.py --scenario long-docs-32b-h100 --seeds 1 --strategy autotune -v
+    .venv/bin/python scripts/bench_search.py --survey                  # the truths only: defaults vs optimum, and
+                                                                       # the evidence for the utilization rule
 """
 
 from __future__ import annotations
@@ -26,303 +42,536 @@ import itertools
 import json
 import math
 import multiprocessing
+import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import dataclass
-from functools import lru_cache
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import optuna
 
 from autotune.engine.args import EngineArgs
+from autotune.engine.failures import LogWatch, classify_exit
+from autotune.engine.vllm.failures import PATTERNS
 from autotune.engine.vllm.defaults import default_batching
-from autotune.study.baselines import baseline_points
-from autotune.engine.vllm.precheck import precheck
-from autotune.study.runner import NO_MEASUREMENT, make_sampler
-from autotune.study.space import Param, Space
+from autotune.measure.metrics import summarize
+from autotune.measure.profiles import LoadProfile
+from autotune.measure.session import Outcome, Step
 from autotune.sim.config import SimConfig
-from autotune.sim.profiles import gpu_profile, model_shape
+from autotune.sim.perf import API_SERVER, FrontEnd
+from autotune.sim.profiles import GpuProfile, gpu_profile, model_shape
+from autotune.sim.rank import highest_holding
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
-from autotune.measure.metrics import summarize
-from autotune.measure.slo import parse_slos
+from autotune.workload.source import LoadSteps
+from autotune.workload.synth import SCENARIOS as WORKLOADS
 from autotune.workload.synth import synthesize
 
 ROOT = Path(__file__).resolve().parent.parent
-MEASURE_S = 4 * 60.0
-LADDER = 1.03  # load steps of the truth's bisection: capacity is known to 3 %
 TARGET = 0.95
+STEP_S = 60.0  # a load step, as the example studies run it
+MAX_STEPS = 4
+STOP_S = 5.0  # stopping an engine
+MAX_REQUESTS = 400  # a step's requests in virtual time (the product's own cap for predictions)
+GRID = 16  # the truth's loads are 2 ** (k / GRID): 4.4 % apart
+
+# The truth's spread (log-normal sigma per constant), from the fidelity table's held-out median errors
+# (bench/sim_fidelity.md: throughput 32 %, TTFT 27 %, TPOT 44 %): a constant off by 30 % is one sigma.
+SIGMA = math.log(1.3)
+NOISE = 0.03  # per-config speed noise: what one config's runs differ by on a GPU (a few percent)
+GPU_DRAWN = ("bandwidth_efficiency", "compute_efficiency", "attention_bandwidth_efficiency",
+             "attention_compute_efficiency", "host_step_s", "host_seq_s", "allreduce_latency_s")
+FRONT_DRAWN = ("request_s", "prompt_token_s", "output_token_s", "latency_s")
+_SHARES = {"bandwidth_efficiency", "compute_efficiency", "attention_bandwidth_efficiency",
+           "attention_compute_efficiency"}
+
+UTILIZATIONS = (0.85, 0.90, 0.95)
+SEQS = (32, 64, 128, 256, 512, 1024)
+TOKENS = (2048, 4096, 8192, 16384)
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    model: str
-    gpu: str
+    model: str  # a shape vllm-sim knows
+    gpu: str  # a vllm-sim profile
     tp: int
     max_model_len: int
     slos: tuple[str, ...]
-    workload: str
-    rate: float  # req/s at load 1, near the defaults' capacity: the search gallops from there (x1/16..x8)
-    requests: int  # per load step, the same ones at every load
+    workload: str  # a synthetic scenario (workload/synth.py)
+    rate: float  # req/s at load 1
+    requests: int  # the base workload: a step replays these, repeated
+    overrides: tuple[tuple[str, tuple[int, int]], ...] = ()  # the workload's token ranges
+
+    @property
+    def gpus(self) -> int:
+        return self.tp
 
 
 SCENARIOS = (
-    Scenario("chat", "llama-3.1-8b", "l20-48gb", 1, 8192, ("ttft<800ms", "tpot<60ms"), "chat", 4.0, 200),
-    Scenario("long-docs", "qwen2.5-32b", "h100-80gb", 1, 16384, ("ttft<3s", "tpot<80ms"), "long-docs", 0.4, 60),
-    Scenario("high-concurrency", "llama-3.1-70b", "a100-80gb", 4, 8192, ("ttft<500ms", "tpot<60ms"),
+    Scenario("chat-8b-l20", "llama-3.1-8b", "l20-48gb", 1, 8192, ("ttft<800ms", "tpot<60ms"), "chat", 4.0, 200),
+    Scenario("long-docs-32b-h100", "qwen2.5-32b", "h100-80gb", 1, 16384, ("ttft<3s", "tpot<80ms"),
+             "long-docs", 0.4, 60),
+    Scenario("high-concurrency-70b-tp4-a100", "llama-3.1-70b", "a100-80gb", 4, 8192, ("ttft<500ms", "tpot<60ms"),
              "high-concurrency", 20.0, 300),
+    Scenario("long-docs-70b-tp4-h100", "llama-3.1-70b", "h100-80gb", 4, 16384, ("ttft<3s", "tpot<50ms"),
+             "long-docs", 1.0, 60),
+    Scenario("long-context-8b-a10", "llama-3.1-8b", "a10-24gb", 1, 32768, ("ttft<5s", "tpot<100ms"),
+             "long-docs", 0.2, 60, (("prompt_tokens", (4096, 16384)),)),
+    Scenario("prefix-chat-8b-h100", "llama-3.1-8b", "h100-80gb", 1, 16384, ("ttft<500ms", "tpot<30ms"),
+             "chat", 10.0, 300, (("prefix_tokens", (4096, 8192)),)),
 )
 
 
-UTILIZATIONS = (0.85, 0.90, 0.92, 0.95)
-SEQS = (32, 64, 128, 256, 512, 1024)
-TOKENS = (2048, 4096, 8192, 16384)
+# --- the space and its grid -------------------------------------------------------------------------------------
 
-
-def space_of(sc: Scenario) -> Space:
-    """The CUDA default space of a study (numeric knobs, as TPE models them), on narrower ranges."""
+def study_text(sc: Scenario, name: str, root: Path, *, sampler: str, race: bool, baselines: bool,
+               budget: int, seed: int) -> str:
+    """The study file a user would write for the scenario (the CUDA default space, on the truth's grid's ranges)."""
     gpu = gpu_profile(sc.gpu)
     seqs, tokens = default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
-    params = (
-        Param("gpu_memory_utilization", "float", 0.92, low=0.85, high=0.95, step=0.01),
-        Param("max_num_seqs", "int", seqs, low=32, high=1024, log=True),
-        Param("max_num_batched_tokens", "int", tokens, low=2048, high=16384, log=True),
-        Param("enable_chunked_prefill", "bool", True),
-        Param("enable_prefix_caching", "bool", True),
-        Param("enforce_eager", "bool", False),
-    )
-    fixed = EngineArgs({"max_model_len": sc.max_model_len, "tensor_parallel_size": sc.tp})
-    return Space(params, "cuda", fixed, sc.max_model_len)
+    wl = "".join(f"{k} = [{lo}, {hi}]\n" for k, (lo, hi) in sc.overrides)
+    builtin = '["vllm-defaults", "xinference-4.1", "xinference-legacy"]' if baselines else "[]"
+    return f"""
+name = "{name}"
+slos = {json.dumps(list(sc.slos))}
+seed = {seed}
+sampler = "{sampler}"
+storage = "sqlite:///{root}/studies.db"
+runs_dir = "{root}"
+
+[engine]
+command = "vllm-sim --gpu {sc.gpu} serve"
+model = "{sc.model}"
+platform = "cuda"
+
+[engine.args]
+max_model_len = {sc.max_model_len}
+tensor_parallel_size = {sc.tp}
+
+[space]
+gpu_memory_utilization = {{ type = "float", low = 0.85, high = 0.95, step = 0.05, default = 0.9 }}
+max_num_seqs = {{ type = "int", low = 32, high = 1024, log = true, default = {seqs} }}
+max_num_batched_tokens = {{ type = "int", low = 2048, high = 16384, log = true, default = {tokens} }}
+enable_chunked_prefill = {{ type = "bool", default = true }}
+enable_prefix_caching = {{ type = "bool", default = true }}
+
+[workload]
+scenario = "{sc.workload}"
+rate = {sc.rate}
+requests = {sc.requests}
+{wl}
+[objective]
+max_steps = {MAX_STEPS}
+step_duration = "{int(STEP_S)}s"
+race = {str(race).lower()}
+
+[budget]
+trials = {budget}
+
+[baselines]
+builtin = {builtin}
+"""
 
 
-def snap(values: dict) -> dict:
-    """A sampled point onto the grid the truth was computed on (nearest, log scale for counts)."""
+def snap(values: dict[str, Any]) -> dict[str, Any]:
+    """A point onto the truth's grid (nearest; log scale for counts)."""
     out = dict(values)
-    out["gpu_memory_utilization"] = min(UTILIZATIONS, key=lambda u: abs(u - values["gpu_memory_utilization"]))
+    u = values["gpu_memory_utilization"]
+    if UTILIZATIONS[0] - 0.025 <= u <= UTILIZATIONS[-1] + 0.025:  # a baseline's 0.7 stays 0.7 (its own row)
+        out["gpu_memory_utilization"] = min(UTILIZATIONS, key=lambda g: abs(g - u))
     for name, grid in (("max_num_seqs", SEQS), ("max_num_batched_tokens", TOKENS)):
         out[name] = min(grid, key=lambda g: abs(math.log(g) - math.log(values[name])))
     return out
 
 
-def grid(space: Space) -> list[dict]:
-    axes = {"gpu_memory_utilization": UTILIZATIONS, "max_num_seqs": SEQS, "max_num_batched_tokens": TOKENS}
-    names = space.names()
-    return [dict(zip(names, combo)) for combo in itertools.product(*[axes.get(n, (False, True)) for n in names])]
+def _rules(sc: Scenario, values: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's rules (engine/vllm/defaults.apply_rules), as the space applies them to every trial."""
+    from autotune.engine.vllm.defaults import apply_rules
+
+    return apply_rules({"max_model_len": sc.max_model_len, "tensor_parallel_size": sc.tp, **values},
+                       sc.max_model_len)
 
 
-def config_of(sc: Scenario, args: EngineArgs) -> SimConfig:
-    return SimConfig.from_args(args.values, gpu_profile(sc.gpu), model_shape(sc.model))
+def key_of(sc: Scenario, args: dict[str, Any]) -> str:
+    """A measured config's row in the truth: the grid point of its searched knobs, vLLM's rules applied."""
+    searched = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                "enable_prefix_caching")
+    gpu = gpu_profile(sc.gpu)
+    seqs, tokens = default_batching("cuda", gpu.memory_bytes / (1 << 30), gpu.name)
+    full = {"gpu_memory_utilization": 0.9, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
+            "enable_chunked_prefill": True, "enable_prefix_caching": True,
+            **{k: args[k] for k in searched if k in args}}
+    snapped = snap(full)
+    if not snapped["enable_chunked_prefill"]:
+        snapped["max_num_batched_tokens"] = max(snapped["max_num_batched_tokens"], sc.max_model_len)
+    return json.dumps(_rules(sc, snapped), sort_keys=True)
 
 
-# --- the truth ----------------------------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def _workload(sc: Scenario, k: int):
-    # the same requests at every load, only closer together: common random numbers keep the
-    # verdict monotone in the load, so the bisection finds one well-defined capacity
-    base = synthesize(sc.workload, rate=sc.rate, num_requests=sc.requests, seed=0)
-    return base.scaled(LADDER**k)
+def grid_keys(sc: Scenario) -> list[str]:
+    keys = {key_of(sc, {"gpu_memory_utilization": u, "max_num_seqs": s, "max_num_batched_tokens": t,
+                        "enable_chunked_prefill": c, "enable_prefix_caching": p})
+            for u, s, t, c, p in itertools.product(UTILIZATIONS, SEQS, TOKENS, (False, True), (False, True))}
+    return sorted(keys)
 
 
-def evaluate(job: tuple[Scenario, SimConfig]) -> dict:
-    """Start-up, then the highest ladder load meeting every SLO (bisection: capacity is monotone in load)."""
-    sc, cfg = job
-    shape, gpu = model_shape(sc.model), gpu_profile(sc.gpu)
-    start = plan_startup(shape, gpu, cfg)
+def defaults_key(sc: Scenario) -> str:
+    return key_of(sc, {})
+
+
+# --- the truth ----------------------------------------------------------------------------------------------------
+
+def _rng(*parts: Any) -> np.random.Generator:
+    return np.random.default_rng([zlib.crc32(str(p).encode()) for p in parts])
+
+
+def truth_constants(sc: Scenario, seed: int) -> tuple[GpuProfile, FrontEnd]:
+    """The truth's constants for this seed: the shipped ones, each times exp(N(0, SIGMA)) clipped at 2 sigma."""
+    rng = _rng("truth", sc.name, seed)
+    base = gpu_profile(sc.gpu)
+
+    def draw(v: float | None) -> float | None:
+        return None if v is None else v * math.exp(float(np.clip(rng.normal(0, SIGMA), -2 * SIGMA, 2 * SIGMA)))
+
+    gpu = replace(base, **{k: draw(getattr(base, k)) for k in GPU_DRAWN})
+    gpu = replace(gpu, **{k: min(getattr(gpu, k), 0.95) for k in _SHARES if getattr(gpu, k) is not None})
+    front = replace(API_SERVER, **{k: draw(getattr(API_SERVER, k)) for k in FRONT_DRAWN})
+    return gpu, front
+
+
+def config_constants(sc: Scenario, seed: int, key: str) -> tuple[GpuProfile, FrontEnd]:
+    """The truth for one config: the seed's constants, all sped up or slowed down by the config's own noise."""
+    gpu, front = truth_constants(sc, seed)
+    speed = math.exp(float(_rng("noise", sc.name, seed, key).normal(0, NOISE)))
+    gpu = replace(gpu, **{k: min(getattr(gpu, k) * speed, 0.95) for k in _SHARES if getattr(gpu, k) is not None})
+    gpu = replace(gpu, **{k: getattr(gpu, k) / speed for k in ("host_step_s", "host_seq_s", "allreduce_latency_s")})
+    front = replace(front, **{k: getattr(front, k) / speed for k in FRONT_DRAWN})
+    return gpu, front
+
+
+def base_workload(sc: Scenario):
+    spec = WORKLOADS[sc.workload].with_overrides(**dict(sc.overrides))
+    return synthesize(spec, rate=sc.rate, num_requests=sc.requests, seed=0)
+
+
+def _steps(sc: Scenario) -> LoadSteps:
+    return LoadSteps.of(base_workload(sc), STEP_S)
+
+
+def start_of(sc: Scenario, seed: int, key: str):
+    """(SimConfig, start-up result, gpu, front) of the truth engine for a config."""
+    gpu, front = config_constants(sc, seed, key)
+    shape = model_shape(sc.model)
+    config = SimConfig.from_args(json.loads(key), gpu, shape)
+    return config, plan_startup(shape, gpu, config), gpu, front
+
+
+def run_step(sc: Scenario, seed: int, key: str, load: float, steps: LoadSteps, slos) -> Any:
+    """One load step on the truth engine: the step's Summary."""
+    config, start, gpu, front = start_of(sc, seed, key)
+    engine = SimEngine(model_shape(sc.model), gpu, config, start.plan, front)
+    return summarize(simulate(engine, steps.repeated(load, MAX_REQUESTS), warmup=4), slos)
+
+
+def true_capacity(job: tuple[Scenario, int, str]) -> dict[str, Any]:
+    """A config's row of the truth: its start-up, and the highest load (req/s) meeting every SLO."""
+    from autotune.measure.slo import parse_slos
+
+    sc, seed, key = job
+    config, start, gpu, front = start_of(sc, seed, key)
     if start.plan is None:
-        return {"oom": True, "start_s": start.seconds, "failure": start.failure[0][:120]}
-    slos = parse_slos(list(sc.slos))
+        return {"starts": False, "start_s": start.seconds, "failure": start.failure[0][:200]}
+    slos, steps = parse_slos(list(sc.slos)), _steps(sc)
 
     def holds(k: int) -> bool:
-        s = summarize(simulate(SimEngine(shape, gpu, cfg, start.plan), _workload(sc, k), warmup=4), slos)
+        s = run_step(sc, seed, key, 2 ** (k / GRID), steps, slos)
         return s.failed == 0 and all(v.holds for v in s.verdicts(slos))
 
-    # gallop from the scenario's load 1 in strides of 8 ladder steps (x1.27), then bisect the stride
-    floor, ceiling = -round(math.log(16) / math.log(LADDER)), round(math.log(8) / math.log(LADDER))
-    k = 0
-    if holds(k):
-        lo = k
-        while lo < ceiling and holds(min(lo + 8, ceiling)):
-            lo = min(lo + 8, ceiling)
-        hi = lo + 8
-    else:
-        hi = k
-        while hi > floor and not holds(max(hi - 8, floor)):
-            hi = max(hi - 8, floor)
-        lo = hi - 8
-        if hi == floor:
-            return {"oom": False, "start_s": start.seconds, "capacity": 0.0}
-    if lo >= ceiling:
-        return {"oom": False, "start_s": start.seconds, "capacity": sc.rate * LADDER**ceiling}
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return {"oom": False, "start_s": start.seconds, "capacity": sc.rate * LADDER**lo}
+    k = highest_holding(holds, -4 * GRID, 4 * GRID, stride=GRID)
+    return {"starts": True, "start_s": start.seconds, "capacity": 0.0 if k is None else sc.rate * 2 ** (k / GRID)}
 
 
-def truth(sc: Scenario, jobs: int, fresh: bool) -> dict[SimConfig, dict]:
-    path = ROOT / "bench" / f"search-truth-{sc.name}.json"
-    space = space_of(sc)
-    configs = {}
-    for values in grid(space):
-        configs[config_of(sc, space.engine_args(values))] = None
+def truth_table(sc: Scenario, seed: int, jobs: int, fresh: bool = False) -> dict[str, dict[str, Any]]:
+    """Every grid config's true capacity for this seed (cached: bench/search-truth/SCENARIO-SEED.json)."""
+    path = ROOT / "bench" / "search-truth" / f"{sc.name}-{seed}.json"
+    keys = grid_keys(sc)
+    stamp = {"sigma": SIGMA, "noise": NOISE, "grid": GRID, "max_requests": MAX_REQUESTS, "scenario": asdict(sc),
+             "truth": [asdict(c) for c in truth_constants(sc, seed)]}
     if path.exists() and not fresh:
-        rows = json.loads(path.read_text())
-        table = {SimConfig(**r["config"]): r["result"] for r in rows}
-        if set(table) >= set(configs):
-            return table
+        cached = json.loads(path.read_text())
+        if cached.get("stamp") == json.loads(json.dumps(stamp)) and set(cached["rows"]) >= set(keys):
+            return cached["rows"]
     t0 = time.monotonic()
-    todo = [(sc, c) for c in configs]
     with multiprocessing.Pool(jobs) as pool:
-        results = pool.map(evaluate, todo, chunksize=4)
-    table = {c: r for (_, c), r in zip(todo, results)}
-    path.parent.mkdir(exist_ok=True)
-    from dataclasses import asdict
-    path.write_text(json.dumps([{"config": asdict(c), "result": r} for c, r in table.items()], indent=0))
-    print(f"{sc.name}: {len(table)} distinct configs simulated in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    return table
+        rows = dict(zip(keys, pool.map(true_capacity, [(sc, seed, k) for k in keys], chunksize=2)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=0, sort_keys=True))
+    print(f"  truth {sc.name} seed {seed}: {len(rows)} configs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
 
 
-# --- the strategies -------------------------------------------------------------------------
+# --- measuring on the truth -------------------------------------------------------------------------------------
 
 @dataclass
-class Run:
-    capacities: list[float]  # per trial, in order; 0 for failed starts and SLO misses
-    engine_s: list[float]
-
-    def to_target(self, optimum: float) -> tuple[int | None, float | None]:
-        spent = 0.0
-        for i, (c, s) in enumerate(zip(self.capacities, self.engine_s)):
-            spent += s
-            if c >= TARGET * optimum:
-                return i + 1, spent
-        return None, None
+class Trial:
+    key: str
+    capacity: float  # the truth's, for the score (0: it did not start)
+    gpu_s: float  # what the trial cost, in GPU-seconds
 
 
-def lookup(sc: Scenario, table: dict, cfg: SimConfig) -> dict:
-    """A config of the table, or one outside the grid (a baseline such as xinference-legacy's 0.7), simulated now."""
-    if cfg not in table:
-        table[cfg] = evaluate((sc, cfg))
-    return table[cfg]
+@dataclass
+class TruthGpu:
+    """The GPU host the strategies measure on: the truth engine, started per trial, its load steps replayed in
+    virtual time. ``measure`` has autotune's measure_engine's signature and returns what it would."""
+
+    sc: Scenario
+    seed: int
+    table: dict[str, dict[str, Any]]
+    trials: list[Trial] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from autotune.measure.slo import parse_slos
+
+        self.slos = parse_slos(list(self.sc.slos))
+        self.steps = _steps(self.sc)
+
+    def row(self, key: str) -> dict[str, Any]:
+        if key not in self.table:  # a baseline off the grid (xinference-legacy's 0.7)
+            self.table[key] = true_capacity((self.sc, self.seed, key))
+        return self.table[key]
+
+    def start(self, key: str) -> dict[str, Any]:
+        """Start (and, where it fails, lose) an engine without measuring it: auto_tune's utilization probe."""
+        r = self.row(key)
+        self.trials.append(Trial(key, 0.0, (r["start_s"] + STOP_S) * self.sc.gpus))
+        return r
+
+    def measure(self, command, args: EngineArgs, table, workload_at, slos, profile: LoadProfile, *,
+                on_step: Callable[[Outcome], bool] | None = None, **_: Any) -> Outcome:
+        key = key_of(self.sc, args.values)
+        r = self.row(key)
+        out = Outcome(url="truth")
+        if not r["starts"]:
+            watch = LogWatch(patterns=list(PATTERNS))  # vLLM's failure texts, as the launcher reads them
+            watch.feed(r["failure"])
+            out.failure, out.engine_failed_after_s = classify_exit(1, watch), r["start_s"]
+            self.trials.append(Trial(key, 0.0, (r["start_s"] + STOP_S) * self.sc.gpus))
+            return out
+        out.engine_ready_s = r["start_s"]
+        while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
+            summary = run_step(self.sc, self.seed, key, load, self.steps, slos)
+            out.steps.append(Step(load, self.steps.base.rate * load, summary, summary.verdicts(slos), STEP_S))
+            if on_step is not None and on_step(out):
+                out.stopped_early = True
+                break
+        self.trials.append(Trial(key, r["capacity"], (r["start_s"] + len(out.steps) * STEP_S + STOP_S) * self.sc.gpus))
+        return out
 
 
-def _cost(r: dict) -> float:
-    return r["start_s"] + (0.0 if r["oom"] else MEASURE_S)
+# --- the strategies -----------------------------------------------------------------------------------------------
+
+_SHIPPED: dict[str, dict[str, Any]] = {}  # per scenario: the shipped simulator's predictions, the same in every run
 
 
-def run_optuna(sc: Scenario, table: dict, sampler: str, seed: int, budget: int, with_study_extras: bool) -> Run:
-    """autotune's study strategy (with_study_extras: baselines first, the pre-check) or plain random search."""
-    space = space_of(sc)
-    shape, gpu = model_shape(sc.model), gpu_profile(sc.gpu)
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed))
-    if with_study_extras:
-        for b in baseline_points(space, ("vllm-defaults", "xinference-4.1", "xinference-legacy"), []):
-            study.enqueue_trial(b.params, user_attrs={"baseline_args": b.extra_args})
-    n_slos = len(sc.slos)
-    run = Run([], [])
-    for _ in range(budget):
-        trial = study.ask()
-        values = snap(space.sample(trial))
-        args = space.engine_args(values, trial.user_attrs.get("baseline_args") or {})
-        if with_study_extras and precheck(shape, args, "cuda", gpu.memory_bytes) is not None:
-            trial.set_user_attr("constraints", [NO_MEASUREMENT] * n_slos)
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            run.capacities.append(0.0)
-            run.engine_s.append(0.0)
-            continue
-        r = lookup(sc, table, config_of(sc, args))
-        run.engine_s.append(_cost(r))
-        if r["oom"]:
-            trial.set_user_attr("constraints", [NO_MEASUREMENT] * n_slos)
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            run.capacities.append(0.0)
-            continue
-        cap = r["capacity"]
-        # feasible at its capacity; a config that meets no SLO at the lowest load misses them
-        trial.set_user_attr("constraints", [-1.0] * n_slos if cap > 0 else [1.0] * n_slos)
-        study.tell(trial, cap)
-        run.capacities.append(cap)
-    return run
+def _memo(predictor, cache: dict[str, Any]):
+    """The predictor, remembering its answers: a study asks again for the same configs after every trial, and the
+    benchmark runs the same study many times. Saves CPU, changes no answer."""
+    def predict(points):
+        out = []
+        for p in points:
+            k = json.dumps(p, sort_keys=True)
+            if k not in cache:
+                cache[k] = predictor([p])[0]
+            out.append(cache[k])
+        return out
+    return predict
 
 
-def run_grid(sc: Scenario, table: dict, budget: int) -> Run:
-    """benchmarks/auto_tune: the highest utilization that starts (0.95 down), then max_num_seqs x max_num_batched_tokens."""
-    space = space_of(sc)
-    run = Run([], [])
-    seqs, tokens = SEQS, TOKENS
-    defaults = {p.name: p.default for p in space.params}
-    util = None
-    for u in (0.95, 0.92, 0.90, 0.85):  # the space's utilizations, top down, at vLLM's default batching
-        r = table[config_of(sc, space.engine_args({**defaults, "gpu_memory_utilization": u}))]
-        run.engine_s.append(r["start_s"])
-        run.capacities.append(0.0)  # auto_tune only starts the server here, it measures nothing
-        if not r["oom"]:
-            util = u
-            break
+def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int, say: Callable[[str], None]) -> None:
+    """One of autotune's own strategies: the real StudyRun, measuring on the truth."""
+    from autotune.cli.calibrate import refitter, simulator_for
+    from autotune.study import runner
+    from autotune.study.definition import load_study
+
+    ours = strategy == "autotune"
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        root = Path(tmp)
+        path = root / "study.toml"
+        path.write_text(study_text(sc, f"{strategy}-{seed}", root, sampler="random" if strategy == "random" else "tpe",
+                                   race=ours, baselines=strategy != "random", budget=budget, seed=seed))
+        os.environ["AUTOTUNE_STATE_DIR"] = str(root / "state")  # this run's calibration only
+        d = load_study(path)
+        steps = _steps(sc)
+        run = runner.StudyRun(d, d.command.flag_table(), steps, show=lambda _: None, notice=say)
+        if ours:  # as cli/study.py sets a study up on a GPU host
+            sim, _ = simulator_for(d, run.devices, run.shape, steps)
+            run.predictor, run.startup = _memo(sim, _SHIPPED.setdefault(sc.name, {})), sim.startup_failure
+            refit = refitter(d, run, steps, say)
+
+            def refit_and_remember(study) -> None:
+                fitted = run.predictor
+                refit(study)
+                if run.predictor is not fitted:  # a new fit: a new memory
+                    run.predictor = _memo(run.predictor, {})
+
+            run.refit = refit_and_remember
+        measure, runner.measure_engine = runner.measure_engine, gpu.measure
+        try:
+            optuna.logging.set_verbosity(optuna.logging.ERROR)
+            run.optimize(runner.open_study(d))
+        finally:
+            runner.measure_engine = measure
+
+
+def run_auto_tune(sc: Scenario, gpu: TruthGpu, budget: int) -> None:
+    """benchmarks/auto_tune.sh: the highest utilization that starts (top down, at vLLM's default batching; it
+    only starts the server there), then its max_num_seqs x max_num_batched_tokens lists, in order."""
+    util = next((u for u in sorted(UTILIZATIONS, reverse=True)
+                 if gpu.start(key_of(sc, {"gpu_memory_utilization": u}))["starts"]), None)
     if util is None:
-        return run
-    for s, t in itertools.product(seqs, tokens):
-        if len(run.capacities) >= budget:
-            break
-        if t < s:
-            continue  # vLLM refuses it; auto_tune's lists avoid it
-        r = table[config_of(sc, space.engine_args({**defaults, "gpu_memory_utilization": util,
-                                                   "max_num_seqs": s, "max_num_batched_tokens": t}))]
-        run.engine_s.append(_cost(r))
-        run.capacities.append(0.0 if r["oom"] else r["capacity"])
-    return run
+        return
+    for s, t in itertools.product(SEQS, TOKENS):
+        if len(gpu.trials) >= budget:
+            return
+        if t >= s:  # vLLM refuses fewer batched tokens than sequences; auto_tune's lists avoid it
+            _measure_grid_point(sc, gpu, {"gpu_memory_utilization": util, "max_num_seqs": s,
+                                          "max_num_batched_tokens": t})
 
 
-def _median(xs: list[float | None], budget: int, scale: float = 1.0, fmt: str = "{:.0f}") -> str:
-    """The median over seeds; a run that never got there counts as infinitely long."""
-    m = statistics.median([math.inf if x is None else x / scale for x in xs])
+def run_sweep(sc: Scenario, gpu: TruthGpu, budget: int) -> None:
+    """vllm bench sweep with the docs' staircase of (max_num_seqs, max_num_batched_tokens), continued."""
+    stairs = [(32, 2048), (64, 2048), (64, 4096), (128, 4096), (128, 8192), (256, 8192), (256, 16384),
+              (512, 16384), (1024, 16384)]
+    for s, t in stairs[:budget]:
+        _measure_grid_point(sc, gpu, {"max_num_seqs": s, "max_num_batched_tokens": t})
+
+
+def _measure_grid_point(sc: Scenario, gpu: TruthGpu, values: dict[str, Any]) -> None:
+    from autotune.measure.profiles import Ladder
+
+    key = key_of(sc, values)
+    gpu.measure(None, EngineArgs(json.loads(key)), None, None, gpu.slos, Ladder(1.0, MAX_STEPS, 1.25))
+
+
+STRATEGIES = ("autotune", "TPE", "random", "auto_tune grid", "bench sweep grid")
+
+
+def one_run(sc: Scenario, seed: int, strategy: str, budget: int, table: dict, say: Callable[[str], None]) -> TruthGpu:
+    gpu = TruthGpu(sc, seed, table)
+    if strategy in ("autotune", "TPE", "random"):
+        run_study(sc, gpu, strategy, seed, budget, say)
+    elif strategy == "auto_tune grid":
+        run_auto_tune(sc, gpu, budget)
+    else:
+        run_sweep(sc, gpu, budget)
+    return gpu
+
+
+def to_target(trials: list[Trial], optimum: float) -> tuple[int | None, float | None]:
+    """(real trials, GPU-hours) until a measured config is within TARGET of the optimum; (None, None): never."""
+    spent = 0.0
+    for i, t in enumerate(trials, 1):
+        spent += t.gpu_s
+        if t.capacity >= TARGET * optimum:
+            return i, spent / 3600
+    return None, None
+
+
+def utilization_rule(table: dict[str, dict[str, Any]]) -> tuple[float, tuple[int, int, int]]:
+    """The evidence for the runner's rule "gpu_memory_utilization: the highest that starts" (issue 10, item 4),
+    in one truth: (the best capacity left when every config runs at its highest utilization that starts, as a
+    share of the optimum; (adjacent utilization pairs that both start, pairs where the higher holds at least as
+    much, pairs where it holds more than 10 % less))."""
+    groups: dict[str, dict[float, dict[str, Any]]] = {}
+    for key, row in table.items():
+        values = json.loads(key)
+        groups.setdefault(json.dumps({k: v for k, v in values.items() if k != "gpu_memory_utilization"},
+                                     sort_keys=True), {})[values["gpu_memory_utilization"]] = row
+    optimum = max(r.get("capacity", 0.0) for r in table.values())
+    kept, both, better, worse = 0.0, 0, 0, 0
+    for by_util in groups.values():
+        started = sorted(u for u, r in by_util.items() if r["starts"])
+        if started:
+            kept = max(kept, by_util[started[-1]]["capacity"])
+        for lo, hi in zip(started, started[1:]):
+            both += 1
+            better += by_util[hi]["capacity"] >= by_util[lo]["capacity"]
+            worse += by_util[hi]["capacity"] < by_util[lo]["capacity"] / 1.1
+    return (kept / optimum if optimum else 1.0), (both, better, worse)
+
+
+def _median(xs: list[float | None], fmt: str, budget: int) -> str:
+    m = statistics.median([math.inf if x is None else x for x in xs])
     return f"> {budget} trials" if math.isinf(m) else fmt.format(m)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=100, help="trials per search run")
+    ap.add_argument("--seeds", type=int, default=5, help="truths (and search seeds) per scenario")
+    ap.add_argument("--budget", type=int, default=30, help="real trials per search run")
     ap.add_argument("--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
-    ap.add_argument("--fresh", action="store_true", help="re-simulate the truth even when cached")
+    ap.add_argument("--fresh", action="store_true", help="compute the truth even when cached")
     ap.add_argument("--scenario", action="append", help="only these scenarios")
+    ap.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these strategies")
+    ap.add_argument("--survey", action="store_true", help="only the truth: defaults vs optimum per seed")
+    ap.add_argument("--json", type=Path, help="also write every run's trials here")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print what autotune's runs say")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
-    rows = []
+    say = (lambda m: print(f"    {m}", file=sys.stderr)) if a.verbose else (lambda _: None)
+    rows, dump = [], []
     for sc in SCENARIOS:
         if a.scenario and sc.name not in a.scenario:
             continue
-        table = truth(sc, a.jobs, a.fresh)
-        feasible = [r for r in table.values() if not r["oom"]]
-        optimum = max(r["capacity"] for r in feasible)
-        best = next(c for c, r in table.items() if not r["oom"] and r["capacity"] == optimum)
-        near = sum(1 for r in feasible if r["capacity"] >= TARGET * optimum)
-        defaults = table[config_of(sc, space_of(sc).engine_args({p.name: p.default for p in space_of(sc).params}))]
-        print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, SLOs {', '.join(sc.slos)}; {len(table)} configs, "
-              f"{len(table) - len(feasible)} fail to start, {near} within 95 % of the optimum {optimum:.2f} req/s "
-              f"(vLLM defaults: {defaults.get('capacity', 0.0):.2f})")
-        print(f"  optimum: util {best.gpu_memory_utilization}, max_num_seqs {best.max_num_seqs}, "
-              f"max_num_batched_tokens {best.max_num_batched_tokens}, chunked {best.enable_chunked_prefill}, "
-              f"prefix caching {best.enable_prefix_caching}, eager {best.enforce_eager}")
-        results = {
-            "autotune (TPE + baselines)": [run_optuna(sc, table, "tpe", s, a.budget, True) for s in range(a.seeds)],
-            "random search": [run_optuna(sc, table, "random", s, a.budget, False) for s in range(a.seeds)],
-            "auto_tune grid": [run_grid(sc, table, a.budget)] * a.seeds,
-        }
-        for name, runs in results.items():
-            hits = [r.to_target(optimum) for r in runs]
-            trials, secs = [h[0] for h in hits], [h[1] for h in hits]
-            reached = sum(t is not None for t in trials)
-            rows.append((sc.name, name, _median(trials, a.budget), _median(secs, a.budget, 3600, "{:.1f}"),
-                         f"{reached}/{len(runs)}"))
-    print("\n| scenario | strategy | median trials to 95 % | median engine hours to 95 % | runs that got there |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+        print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, {sc.workload} at {sc.rate} req/s, SLOs "
+              f"{', '.join(sc.slos)}", file=sys.stderr)
+        results: dict[str, list[tuple[int | None, float | None]]] = {s: [] for s in STRATEGIES}
+        shares = []
+        for seed in range(a.seeds):
+            table = truth_table(sc, seed, a.jobs, a.fresh)
+            optimum = max(r.get("capacity", 0.0) for r in table.values())
+            best = max(table, key=lambda k: table[k].get("capacity", 0.0))
+            near = sum(1 for r in table.values() if r.get("capacity", 0.0) >= TARGET * optimum)
+            share = table[defaults_key(sc)].get("capacity", 0.0) / optimum if optimum else 0.0
+            shares.append(share)
+            kept, (both, better, worse) = utilization_rule(table)
+            print(f"  seed {seed}: optimum {optimum:.2f} req/s ({near} of {len(table)} configs within 95 %), vLLM "
+                  f"defaults at {share:.0%}; best {best}", file=sys.stderr)
+            print(f"    at the highest utilization that starts: {kept:.1%} of the optimum left; of {both} utilization "
+                  f"steps up, {better} hold at least as much, {worse} more than 10 % less", file=sys.stderr)
+            if a.survey:
+                continue
+            for strategy in a.strategy or STRATEGIES:
+                t0 = time.monotonic()
+                gpu = one_run(sc, seed, strategy, a.budget, table, say)
+                hit = to_target(gpu.trials, optimum)
+                results[strategy].append(hit)
+                print(f"    {strategy}: {hit[0] or '-'} trials, {hit[1] or 0:.2f} GPU-h to 95 % "
+                      f"({len(gpu.trials)} run, {time.monotonic() - t0:.0f} s)", file=sys.stderr)
+                dump.append({"scenario": sc.name, "seed": seed, "strategy": strategy, "optimum": optimum,
+                             "defaults_share": share, "trials_to_95": hit[0], "gpu_hours_to_95": hit[1],
+                             "trials": [asdict(t) for t in gpu.trials]})
+                if a.json:  # after every run: a long benchmark stopped halfway keeps what it measured
+                    a.json.write_text(json.dumps(dump, indent=1))
+        for strategy, hits in results.items():
+            if hits:
+                rows.append((sc.name, f"{statistics.median(shares):.0%}", strategy,
+                             _median([h[0] for h in hits], "{:.0f}", a.budget),
+                             _median([h[1] for h in hits], "{:.2f}", a.budget),
+                             f"{sum(h[0] is not None for h in hits)}/{len(hits)}"))
+    if rows:
+        print("\n| scenario | defaults / optimum (median) | strategy | median real trials to 95 % "
+              "| median GPU-hours to 95 % | runs that got there |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
     return 0
 
 

@@ -82,6 +82,33 @@ def test_every_constant_at_once_still_lowers_the_error(tiny_model, chat):
     assert fitted.loss_after < fitted.loss_before / 3, fitted
 
 
+def test_a_fit_that_is_good_enough_already_is_kept_without_a_search(tiny_model, chat):
+    """A study's refit after each trial (cli/calibrate.REFIT_GOOD_ENOUGH): steps the profile already says to within
+    the tolerance cost one simulation of each, and the constants stay; steps it misses are fitted as ever."""
+    shape = model_shape(str(tiny_model))
+    own = synthetic_steps(shape, GPUS["cpu"], API_SERVER, chat)  # the profile's own output: nothing to fit
+    calls = []
+    real = cal.step_metrics
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    cal.step_metrics = counted
+    try:
+        kept = cal.calibrate(shape, "cpu", str(tiny_model), own, chat, names=["host_step_s"], evaluations=40,
+                             good_enough=0.0091)
+        assert len(calls) == len(own) and kept.loss_after == kept.loss_before < 0.0091
+        assert kept.constants["host_step_s"] == pytest.approx(GPUS["cpu"].host_step_s)
+        calls.clear()
+        slow = synthetic_steps(shape, replace(GPUS["cpu"], host_step_s=15e-3), API_SERVER, chat)
+        fitted = cal.calibrate(shape, "cpu", str(tiny_model), slow, chat, names=["host_step_s"], evaluations=40,
+                               good_enough=0.0091)
+        assert len(calls) > 10 * len(slow) and fitted.loss_after < fitted.loss_before
+    finally:
+        cal.step_metrics = real
+
+
 def test_a_calibration_is_kept_per_profile_and_model(tmp_path, tiny_model):
     fit = cal.Calibration("cpu", str(tiny_model), {"host_step_s": 0.01, "latency_s": 0.02}, 1.0, 0.1, 12, [0, 1, 2],
                           "s", 1.0)

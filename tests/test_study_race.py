@@ -222,3 +222,78 @@ def test_a_refit_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_mo
     run._learn(study, _measured(study, 64, 9.0, 10.0))
     assert run.refit is None and run.predictor is not None and study.get_trials(states=(TrialState.WAITING,)) == []
     assert said == ["the simulator's refit failed (RuntimeError: cmaes diverged); it predicts with its last fit"]
+
+
+# -- use what is known: gpu_memory_utilization is the highest that starts (issue 10, item 4) ------------------------
+
+def test_the_utilization_ladder_runs_from_the_highest_value_down():
+    from autotune.study.runner import utilization_ladder
+    from autotune.study.space import Param
+
+    assert utilization_ladder(Param("gpu_memory_utilization", "float", 0.9, low=0.85, high=0.95, step=0.05)) == [
+        0.95, 0.9, 0.85]
+    assert utilization_ladder(Param("gpu_memory_utilization", "categorical", 0.92, choices=(0.85, 0.92))) == [
+        0.92, 0.85]
+    assert utilization_ladder(Param("gpu_memory_utilization", "float", 0.9, low=0.9, high=0.92))[:3] == [
+        0.92, 0.91, 0.9]
+
+
+def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_oom_lowers_the_ceiling(
+        tmp_path, tiny_model, monkeypatch):
+    """The start-up model says where the engine starts; the trial runs at the highest such utilization whatever
+    was sampled (Optuna keeps the sampled value). When the engine then runs out of memory there for real, later
+    trials stay below it. No engine starts: the measurement answers with vLLM's OOM."""
+    from autotune.engine.failures import Failure, FailureClass
+    from autotune.measure.session import Outcome
+    from autotune.study import runner
+    from autotune.study.definition import load_study
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=4))
+    d = load_study(path)
+    said, asked = [], []
+    run = runner.StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds),
+                          notice=said.append)
+
+    def startup(values):
+        asked.append(values["gpu_memory_utilization"])
+        return None if values["max_num_seqs"] < 64 else "ValueError: No available memory for the cache blocks."
+
+    run.startup = startup
+    ran = []
+
+    def oom(command, args, *a, **kw):
+        ran.append(args.values["gpu_memory_utilization"])
+        return Outcome(url="", failure=Failure(FailureClass.OOM, "torch.OutOfMemoryError: CUDA out of memory."),
+                       engine_failed_after_s=1.0)
+
+    monkeypatch.setattr(runner, "measure_engine", oom)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"gpu_memory_utilization": 0.85, "max_num_seqs": 8})
+    with pytest.raises(optuna.TrialPruned):
+        run.objective(study.ask())
+    first = study.trials[0]
+    assert ran == [0.92] and asked == [0.92]  # the highest that starts, not the sampled 0.85
+    assert first.params["gpu_memory_utilization"] == 0.85
+    assert first.user_attrs[Attr.UTILIZATION] == {"sampled": 0.85, "runs": 0.92, "ceiling": None}
+    assert study.user_attrs[runner.UTILIZATION_CEILING] == 0.85
+    assert said == ["trial 0 ran out of memory at gpu_memory_utilization 0.92, which the start-up model said starts: "
+                    "later trials stay at 0.85 or below"]
+
+    study.enqueue_trial({"gpu_memory_utilization": 0.92, "max_num_seqs": 8})
+    with pytest.raises(optuna.TrialPruned):
+        run.objective(study.ask())
+    assert ran[-1] == 0.85 and study.trials[1].user_attrs[Attr.UTILIZATION]["ceiling"] == 0.85
+
+    # where the model says nothing in range starts, the sampled value runs (and fails for real, as predicted)
+    study.enqueue_trial({"gpu_memory_utilization": 0.92, "max_num_seqs": 64})
+    with pytest.raises(optuna.TrialPruned):
+        run.objective(study.ask())
+    assert ran[-1] == 0.92 and Attr.UTILIZATION not in study.trials[2].user_attrs
+    # baselines run as written
+    study.enqueue_trial({"gpu_memory_utilization": 0.85, "max_num_seqs": 8}, user_attrs={Attr.BASELINE: "mine"})
+    with pytest.raises(optuna.TrialPruned):
+        run.objective(study.ask())
+    assert ran[-1] == 0.85 and Attr.UTILIZATION not in study.trials[3].user_attrs

@@ -106,7 +106,8 @@ def test_a_cpu_study_simulates_first_races_and_learns_from_each_trial(tmp_path, 
     # the simulator's picks beat one request at a time for real
     assert max(t.user_attrs.get(Attr.CAPACITY_RPS, 0.0) for t in trials[1:4]) > trials[0].user_attrs[Attr.CAPACITY_RPS]
     # after the picks: a refit, then the refitted simulator's next pick, or TPE with the simulator's reason kept
-    assert "vllm-sim refitted to this host: calibrated on" in r.stderr
+    # (or the refit's check, where the last fit already says every measured step to within ~10 %)
+    assert "vllm-sim refitted to this host: calibrated on" in r.stderr or "vllm-sim still fits this host's" in r.stderr
     if why[4].startswith("simulator, refitted after trial"):
         assert "sim_stopped" not in study.user_attrs
     else:

@@ -8,6 +8,7 @@ study on this host finds it (``simulator_for``, which ``autotune study`` uses to
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ __all__ = ["add_parser", "cmd_calibrate", "measured_steps", "simulator_for", "re
 MIN_TRIALS = 3  # fewer measured configs cannot separate the constants from one another
 MAX_REQUESTS = 60  # a step's requests in the fit's replays: enough for its p95s, cheap enough for 150 rounds
 REFIT_EVALUATIONS = 40  # after each trial of a study, from the last fit: a small step, seconds of CPU
+# ... and none at all while the last fit already says every measured step to within ~10 % (log error below
+# ln(1.1)^2): the load ladder states a capacity to within 25 %, so a closer fit changes no decision, and
+# 40 simulations of every step so far grow with each trial (minutes of CPU by the tenth, on a long workload)
+REFIT_GOOD_ENOUGH = math.log(1.1) ** 2
 
 
 def add_parser(sub) -> None:
@@ -70,8 +75,9 @@ def _profile_key(d, devices) -> str | None:
     return next((k for k, g in GPUS.items() if g.name == name and g.platform == "cuda"), None)
 
 
-def _inputs(d):
-    """(profile key, model shape, workload at a load) for the study ``d``."""
+def _inputs(d, steps=None):
+    """(profile key, model shape, workload at a load) for the study ``d``, replaying ``steps`` (the study's load
+    steps, where the caller has them: their workload is built once) or the study's workload."""
     from autotune.workload.source import LoadSteps
 
     from autotune.sim.profiles import GPUS
@@ -85,23 +91,24 @@ def _inputs(d):
     shape = d.command.engine_kind.shape(d.command.model)
     if shape is None:
         raise ConfigError(f"cannot read the model's shape from {d.command.model} (its config.json): vllm-sim needs it")
-    steps = LoadSteps(d.workload, d.objective.step_seconds)
+    steps = steps if steps is not None else LoadSteps(d.workload, d.objective.step_seconds)
     return key, shape, lambda load: steps.repeated(load, max_requests=MAX_REQUESTS)
 
 
-def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 150, warm: bool = True):
+def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 150, warm: bool = True, steps=None,
+                good_enough: float = 0.0):
     """Fit the study's profile to its measured trials and keep the fit; the Calibration, or None when the study
-    measured fewer than MIN_TRIALS configs."""
+    measured fewer than MIN_TRIALS configs. ``steps``: the study's LoadSteps, where the caller has them."""
     from autotune.locations import state_dir
     from autotune.sim import calibrate as cal
 
-    profile, shape, workload_at = _inputs(d)
+    profile, shape, workload_at = _inputs(d, steps)
     steps = measured_steps(study.get_trials(deepcopy=False), only)
     if len({s.trial for s in steps}) < MIN_TRIALS:
         return None
     start = cal.load(state_dir(), profile, d.command.model) if warm else None
     fitted = cal.calibrate(shape, profile, d.command.model, steps, workload_at, start=start,
-                           evaluations=evaluations, study=d.name)
+                           evaluations=evaluations, study=d.name, good_enough=good_enough)
     cal.save(fitted, state_dir())
     return fitted
 
@@ -138,8 +145,12 @@ def refitter(d, run, steps, notice):
     every trial so far (from the last fit) and predict with the new fit from then on."""
 
     def refit(study) -> None:
-        fitted = recalibrate(d, study, evaluations=REFIT_EVALUATIONS)
+        fitted = recalibrate(d, study, evaluations=REFIT_EVALUATIONS, steps=steps, good_enough=REFIT_GOOD_ENOUGH)
         if fitted is None:
+            return
+        if fitted.loss_before <= REFIT_GOOD_ENOUGH:
+            notice(f"vllm-sim still fits this host's {fitted.steps} measured steps (log error {fitted.loss_before:.3f}):"
+                   " no refit")
             return
         sim, _ = simulator_for(d, run.devices, run.shape, steps)
         if sim is not None:

@@ -186,6 +186,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
             run.predictor, what = simulator_for(d, run.devices, run.shape, steps)
             if run.predictor is not None:
+                run.startup = run.predictor.startup_failure
                 view.notice(f"simulating first with {what}")
                 if d.command.engine_kind.name == "vllm":  # real trials: the simulator learns from each
                     run.refit = refitter(d, run, steps, view.notice)
@@ -197,7 +198,7 @@ def cmd_study(a: argparse.Namespace) -> int:
                 run.remeasure(study)
             if run.refit is not None:
                 # real trials on hardware the simulator models: the best calibration data this host will have
-                fitted = recalibrate(d, study, evaluations=100)
+                fitted = recalibrate(d, study, evaluations=100, steps=steps)
                 if fitted is not None:
                     view.notice(f"vllm-sim refitted to this host at the end of the study: {fitted.describe()}")
         except Interrupted as e:

@@ -130,14 +130,15 @@ def _pairs(steps: Iterable[MeasuredStep], predict: Callable[[MeasuredStep], dict
 def calibrate(shape: ModelShape, profile: str, model: str, steps: Sequence[MeasuredStep],
               workload_at: Callable[[float], Workload], *, names: Sequence[str] = tuple(FITTED),
               start: Calibration | None = None, evaluations: int = 150, seed: int = 0,
-              study: str = "") -> Calibration:
+              study: str = "", good_enough: float = 0.0) -> Calibration:
     """Fit ``names`` (of FITTED) of ``profile`` to ``steps``, starting from ``start``'s fit or the profile's own
     values. ``workload_at(load)`` is the study's workload at a load, as the step replayed it.
 
     CMA-ES (the ``cmaes`` package, Optuna's own CMA-ES engine) on the constants' logarithms: the simulator is a
     discrete-event model, so the loss is piecewise flat and its constants trade off against each other (a
     longer step or a slower API server both raise TPOT); a population-based search copes with both, where a
-    one-constant-at-a-time search stalls. ``evaluations`` simulations of every step bound the cost.
+    one-constant-at-a-time search stalls. ``evaluations`` simulations of every step bound the cost. A start
+    whose log error is ``good_enough`` already is kept as it is, for the cost of one simulation of every step.
     """
     import numpy as np
     from cmaes import CMA
@@ -167,7 +168,7 @@ def calibrate(shape: ModelShape, profile: str, model: str, steps: Sequence[Measu
     before = after = loss(best)
     # a factor of ~3 either way to start with; a warm start from an earlier fit searches closer to it
     opt = CMA(mean=x0, sigma=0.5 if start else 1.0, bounds=np.stack([lo, hi], axis=1), seed=seed)
-    done = 1
+    done = 1 if before > good_enough else evaluations
     while done < evaluations:
         told = []
         for _ in range(opt.population_size):

@@ -56,6 +56,16 @@ class SpaceSimulator:
     def __call__(self, points: Sequence[Mapping[str, Any]]) -> list[Predicted]:
         return [self.one(values) for values in points]
 
+    def startup_failure(self, values: Mapping[str, Any]) -> str | None:
+        """vLLM's start-up failure line for a point, or None where it starts: the start-up model alone (memory
+        arithmetic, no simulation), cheap enough to ask for every trial."""
+        config = SimConfig.from_args(values, self.gpu, self.shape)
+        error = config.validate()
+        if error is not None:
+            return f"invalid args: {error}"
+        start = plan_startup(self.shape, self.gpu, config)
+        return None if start.plan is not None else (start.failure or ("start-up failed",))[0][:300]
+
     def one(self, values: Mapping[str, Any]) -> Predicted:
         config = SimConfig.from_args(values, self.gpu, self.shape)
         error = config.validate()

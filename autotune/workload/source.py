@@ -81,13 +81,21 @@ class LoadSteps:
     """
 
     def __init__(self, spec: WorkloadSpec, duration_s: float | None = None) -> None:
-        self.spec = spec
+        self.spec: WorkloadSpec | None = spec
         self.base = load(spec)
         if not math.isfinite(self.base.rate):
             raise ConfigError(f"every request of workload {self.base.name!r} arrives at once: the load steps up from "
                               "its rate, so give the requests arrival times over a span, or a finite rate")
         self.duration_s = duration_s or max(self.base.span_s, 1.0)
         self._cache: dict[float, Workload] = {}
+
+    @classmethod
+    def of(cls, base: Workload, duration_s: float) -> LoadSteps:
+        """The steps of a workload in hand, replayed from its own requests at every load (``repeated``): no
+        tokenizer, no prompt built, for what only counts tokens (the simulator, scripts/bench_search.py)."""
+        steps = cls.__new__(cls)
+        steps.spec, steps.base, steps.duration_s, steps._cache = None, base, duration_s, {}
+        return steps
 
     def at(self, load_factor: float) -> Workload:
         key = round(load_factor, 6)
@@ -98,7 +106,7 @@ class LoadSteps:
     def _build(self, load_factor: float) -> Workload:
         rate = self.base.rate * load_factor
         n = max(2, math.ceil(rate * self.duration_s))
-        if self.spec.scenario is not None:
+        if self.spec is not None and self.spec.scenario is not None:
             drawn = load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
                                  seed=self.spec.seed + int(load_factor * 1000)))
             return replace(drawn, offered_rate=rate)
