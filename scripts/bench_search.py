@@ -23,7 +23,9 @@ The truth is not the guide. For each scenario (model, GPU, workload, SLOs) and s
      (https://docs.vllm.ai/en/latest/benchmarking/sweeps/), continued over this space, at vLLM's defaults.
 3. **The score**: per run, the real trials and GPU-hours (start-ups, failed ones included, plus load steps,
    times the tensor-parallel GPUs) until a trial measures a config whose true capacity is within 95 % of the
-   optimum; the median over seeds ("> N" when fewer than half the runs got there within the budget).
+   optimum; the median over seeds ("> N" when fewer than half the runs got there within the budget). The
+   CPU seconds autotune's simulator spends between trials (its predictions, its refits, on this machine) are
+   GPU time too: the study holds its GPU meanwhile.
 
 A config the search samples between grid points is measured as its nearest grid point (log scale for
 counts): the truth is tabulated. enforce_eager stays off (CUDA graphs), to keep the truth's grid to 240
@@ -335,6 +337,7 @@ class TruthGpu:
     seed: int
     table: dict[str, dict[str, Any]]
     trials: list[Trial] = field(default_factory=list)
+    held_idle_s: float = 0.0  # the study's own CPU time since the last trial (the simulator): the GPU waits
 
     def __post_init__(self) -> None:
         from autotune.measure.slo import parse_slos
@@ -350,8 +353,12 @@ class TruthGpu:
     def start(self, key: str) -> dict[str, Any]:
         """Start (and, where it fails, lose) an engine without measuring it: auto_tune's utilization probe."""
         r = self.row(key)
-        self.trials.append(Trial(key, 0.0, (r["start_s"] + STOP_S) * self.sc.gpus))
+        self._spent(key, 0.0, r["start_s"] + STOP_S)
         return r
+
+    def _spent(self, key: str, capacity: float, engine_s: float) -> None:
+        self.trials.append(Trial(key, capacity, (self.held_idle_s + engine_s) * self.sc.gpus))
+        self.held_idle_s = 0.0
 
     def measure(self, command, args: EngineArgs, table, workload_at, slos, profile: LoadProfile, *,
                 on_step: Callable[[Outcome], bool] | None = None, **_: Any) -> Outcome:
@@ -362,7 +369,7 @@ class TruthGpu:
             watch = LogWatch(patterns=list(PATTERNS))  # vLLM's failure texts, as the launcher reads them
             watch.feed(r["failure"])
             out.failure, out.engine_failed_after_s = classify_exit(1, watch), r["start_s"]
-            self.trials.append(Trial(key, 0.0, (r["start_s"] + STOP_S) * self.sc.gpus))
+            self._spent(key, 0.0, r["start_s"] + STOP_S)
             return out
         out.engine_ready_s = r["start_s"]
         while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
@@ -371,7 +378,7 @@ class TruthGpu:
             if on_step is not None and on_step(out):
                 out.stopped_early = True
                 break
-        self.trials.append(Trial(key, r["capacity"], (r["start_s"] + len(out.steps) * STEP_S + STOP_S) * self.sc.gpus))
+        self._spent(key, r["capacity"], r["start_s"] + len(out.steps) * STEP_S + STOP_S)
         return out
 
 
@@ -380,16 +387,20 @@ class TruthGpu:
 _SHIPPED: dict[str, dict[str, Any]] = {}  # per scenario: the shipped simulator's predictions, the same in every run
 
 
-def _memo(predictor, cache: dict[str, Any]):
-    """The predictor, remembering its answers: a study asks again for the same configs after every trial, and the
-    benchmark runs the same study many times. Saves CPU, changes no answer."""
+def _memo(predictor, cache: dict[str, Any], charge: Callable[[float], None]):
+    """The predictor, remembering its answers (a study asks again for the same configs after every trial, and the
+    benchmark runs the same study many times) and charging every answer the CPU seconds it took to compute the
+    first time: saves the benchmark's CPU, changes neither an answer nor what it costs the study."""
     def predict(points):
         out = []
         for p in points:
             k = json.dumps(p, sort_keys=True)
             if k not in cache:
-                cache[k] = predictor([p])[0]
-            out.append(cache[k])
+                t0 = time.process_time()
+                cache[k] = (predictor([p])[0], time.process_time() - t0)
+            answer, seconds = cache[k]
+            charge(seconds)
+            out.append(answer)
         return out
     return predict
 
@@ -411,15 +422,19 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
         steps = _steps(sc)
         run = runner.StudyRun(d, d.command.flag_table(), steps, show=lambda _: None, notice=say)
         if ours:  # as cli/study.py sets a study up on a GPU host
+            def charge(seconds: float) -> None:
+                gpu.held_idle_s += seconds
+
             sim, _ = simulator_for(d, run.devices, run.shape, steps)
-            run.predictor, run.startup = _memo(sim, _SHIPPED.setdefault(sc.name, {})), sim.startup_failure
+            run.predictor, run.startup = _memo(sim, _SHIPPED.setdefault(sc.name, {}), charge), sim.startup_failure
             refit = refitter(d, run, steps, say)
 
             def refit_and_remember(study) -> None:
-                fitted = run.predictor
+                fitted, t0 = run.predictor, time.process_time()
                 refit(study)
+                charge(time.process_time() - t0)
                 if run.predictor is not fitted:  # a new fit: a new memory
-                    run.predictor = _memo(run.predictor, {})
+                    run.predictor = _memo(run.predictor, {}, charge)
 
             run.refit = refit_and_remember
         measure, runner.measure_engine = runner.measure_engine, gpu.measure

@@ -25,6 +25,9 @@ REFIT_EVALUATIONS = 40  # after each trial of a study, from the last fit: a smal
 # ln(1.1)^2): the load ladder states a capacity to within 25 %, so a closer fit changes no decision, and
 # 40 simulations of every step so far grow with each trial (minutes of CPU by the tenth, on a long workload)
 REFIT_GOOD_ENOUGH = math.log(1.1) ** 2
+# ... on the latest measured steps only: the warm start carries what the earlier ones taught, and a refit's CPU
+# time is time the study holds its GPU idle (scripts/bench_search.py counts it)
+REFIT_STEPS = 12
 
 
 def add_parser(sub) -> None:
@@ -96,9 +99,10 @@ def _inputs(d, steps=None):
 
 
 def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 150, warm: bool = True, steps=None,
-                good_enough: float = 0.0):
-    """Fit the study's profile to its measured trials and keep the fit; the Calibration, or None when the study
-    measured fewer than MIN_TRIALS configs. ``steps``: the study's LoadSteps, where the caller has them."""
+                good_enough: float = 0.0, latest: int | None = None):
+    """Fit the study's profile to its measured trials (their ``latest`` measured steps, where given) and keep the
+    fit; the Calibration, or None when the study measured fewer than MIN_TRIALS configs. ``steps``: the study's
+    LoadSteps, where the caller has them."""
     from autotune.locations import state_dir
     from autotune.sim import calibrate as cal
 
@@ -106,6 +110,7 @@ def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 15
     steps = measured_steps(study.get_trials(deepcopy=False), only)
     if len({s.trial for s in steps}) < MIN_TRIALS:
         return None
+    steps = steps[-latest:] if latest else steps
     start = cal.load(state_dir(), profile, d.command.model) if warm else None
     fitted = cal.calibrate(shape, profile, d.command.model, steps, workload_at, start=start,
                            evaluations=evaluations, study=d.name, good_enough=good_enough)
@@ -145,7 +150,8 @@ def refitter(d, run, steps, notice):
     every trial so far (from the last fit) and predict with the new fit from then on."""
 
     def refit(study) -> None:
-        fitted = recalibrate(d, study, evaluations=REFIT_EVALUATIONS, steps=steps, good_enough=REFIT_GOOD_ENOUGH)
+        fitted = recalibrate(d, study, evaluations=REFIT_EVALUATIONS, steps=steps, good_enough=REFIT_GOOD_ENOUGH,
+                             latest=REFIT_STEPS)
         if fitted is None:
             return
         if fitted.loss_before <= REFIT_GOOD_ENOUGH:
