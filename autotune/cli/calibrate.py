@@ -22,7 +22,7 @@ MIN_TRIALS = 3  # fewer measured configs cannot separate the constants from one 
 MAX_REQUESTS = 60  # a step's requests in the fit's replays: enough for its p95s, cheap enough for 150 rounds
 REFIT_EVALUATIONS = 40  # after each trial of a study, from the last fit: a small step, seconds of CPU
 # ... and none at all while the last fit already says every measured step to within ~10 % (log error below
-# ln(1.1)^2): the load ladder states a capacity to within 25 %, so a closer fit changes no decision, and
+# ln(1.1)^2): the load ladder states a capacity to within 25 %, so a closer fit seldom changes a decision, and
 # 40 simulations of every step so far grow with each trial (minutes of CPU by the tenth, on a long workload)
 REFIT_GOOD_ENOUGH = math.log(1.1) ** 2
 # ... on the latest measured steps only: the warm start carries what the earlier ones taught, and a refit's CPU
@@ -155,8 +155,8 @@ def refitter(d, run, steps, notice):
         if fitted is None:
             return
         if fitted.loss_before <= REFIT_GOOD_ENOUGH:
-            notice(f"vllm-sim still fits this host's {fitted.steps} measured steps (log error {fitted.loss_before:.3f}):"
-                   " no refit")
+            notice(f"vllm-sim still fits this host's {fitted.steps} measured steps "
+                   f"(log error {fitted.loss_before:.3f}): no refit")
             return
         sim, _ = simulator_for(d, run.devices, run.shape, steps)
         if sim is not None:

@@ -495,10 +495,12 @@ class StudyRun:
             return None
 
     def _highest_that_starts(self, trial: optuna.Trial, values: dict[str, Any]) -> dict[str, Any]:
-        """Use what is known (issue 10, item 4): more KV cache memory never costs capacity while the engine starts,
-        so a sampled trial runs at the highest gpu_memory_utilization of the space that the start-up model says
-        starts with the trial's other args, and below one this study saw fail to start for real. Optuna keeps the
-        sampled value (``Attr.UTILIZATION`` says both), as for vLLM's own rules (space.py)."""
+        """Use what is known (issue 10, item 4): more KV cache memory seldom costs capacity while the engine starts
+        (running every config at its highest starting utilization kept the optimum within 95 % in 29 of the 30
+        truths of scripts/bench_search.py; README), so a sampled trial runs at the highest gpu_memory_utilization
+        of the space that the start-up model says starts with the trial's other args, and below one this study
+        saw fail to start for real. Optuna keeps the sampled value (``Attr.UTILIZATION`` says both), as for vLLM's
+        own rules (space.py)."""
         param = next((p for p in self.space.params if p.name == UTILIZATION), None)
         if param is None or UTILIZATION not in values:
             return values
