@@ -92,8 +92,8 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         if kind == "gp":
             return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints_of)
         # n_ei_candidates 128 (Optuna's default is 24): an ask costs milliseconds more, a trial minutes;
-        # on scripts/bench_search.py's long-docs scenario it halved the median trials to 95 % of the
-        # optimum (36.5 -> 18 over 20 seeds)
+        # on scripts/bench_search.py's long-docs scenario (the benchmark before issue 10 reworked it) it halved
+        # the median trials to 95 % of the optimum (36.5 -> 18 over 20 seeds)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                           constraints_func=constraints_of, n_startup_trials=TPE_STARTUP_TRIALS,
                                           n_ei_candidates=128)
