@@ -211,10 +211,7 @@ def key_of(sc: Scenario, args: dict[str, Any]) -> str:
     full = {"gpu_memory_utilization": 0.9, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
             "enable_chunked_prefill": True, "enable_prefix_caching": True,
             **{k: args[k] for k in searched if k in args}}
-    snapped = snap(full)
-    if not snapped["enable_chunked_prefill"]:
-        snapped["max_num_batched_tokens"] = max(snapped["max_num_batched_tokens"], sc.max_model_len)
-    return json.dumps(_rules(sc, snapped), sort_keys=True)
+    return json.dumps(_rules(sc, snap(full)), sort_keys=True)
 
 
 def grid_keys(sc: Scenario) -> list[str]:
@@ -275,9 +272,9 @@ def start_of(sc: Scenario, seed: int, key: str):
     return config, plan_startup(shape, gpu, config), gpu, front
 
 
-def run_step(sc: Scenario, seed: int, key: str, load: float, steps: LoadSteps, slos) -> Any:
-    """One load step on the truth engine: the step's Summary."""
-    config, start, gpu, front = start_of(sc, seed, key)
+def run_step(sc: Scenario, started: tuple, load: float, steps: LoadSteps, slos) -> Any:
+    """One load step on a started truth engine (``start_of``'s answer): the step's Summary."""
+    config, start, gpu, front = started
     engine = SimEngine(model_shape(sc.model), gpu, config, start.plan, front)
     return summarize(simulate(engine, steps.repeated(load, MAX_REQUESTS), warmup=4), slos)
 
@@ -287,13 +284,14 @@ def true_capacity(job: tuple[Scenario, int, str]) -> dict[str, Any]:
     from autotune.measure.slo import parse_slos
 
     sc, seed, key = job
-    config, start, gpu, front = start_of(sc, seed, key)
+    started = start_of(sc, seed, key)
+    start = started[1]
     if start.plan is None:
         return {"starts": False, "start_s": start.seconds, "failure": start.failure[0][:200]}
     slos, steps = parse_slos(list(sc.slos)), _steps(sc)
 
     def holds(k: int) -> bool:
-        s = run_step(sc, seed, key, 2 ** (k / GRID), steps, slos)
+        s = run_step(sc, started, 2 ** (k / GRID), steps, slos)
         return s.failed == 0 and all(v.holds for v in s.verdicts(slos))
 
     k = highest_holding(holds, -4 * GRID, 4 * GRID, stride=GRID)
@@ -372,8 +370,9 @@ class TruthGpu:
             self._spent(key, 0.0, r["start_s"] + STOP_S)
             return out
         out.engine_ready_s = r["start_s"]
+        started = start_of(self.sc, self.seed, key)
         while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
-            summary = run_step(self.sc, self.seed, key, load, self.steps, slos)
+            summary = run_step(self.sc, started, load, self.steps, slos)
             out.steps.append(Step(load, self.steps.base.rate * load, summary, summary.verdicts(slos), STEP_S))
             if on_step is not None and on_step(out):
                 out.stopped_early = True
