@@ -24,9 +24,12 @@ def test_a_race_starts_at_the_incumbent_and_ends_at_its_first_miss():
     race = Race(3.0, max_steps=4, resolution=1.25)
     assert race.next_load([]) == 3.0
     assert race.next_load([(3.0, False)]) is None and Race.lost([(3.0, False)])  # missed where the incumbent holds
-    assert race.next_load([(3.0, True)]) == 6.0 and not Race.lost([(3.0, True)])  # held: climbs as the ladder does
-    assert race.next_load([(3.0, True), (6.0, False)]) == pytest.approx(18 ** 0.5)
-    assert race.next_load([(3.0, True), (6.0, True), (12.0, True), (24.0, True)]) is None  # max_steps
+    # held: gallops on, one resolution up, then the stride squared (a challenger is seldom far above the incumbent)
+    assert race.next_load([(3.0, True)]) == pytest.approx(3.75) and not Race.lost([(3.0, True)])
+    assert race.next_load([(3.0, True), (3.75, False)]) is None  # bracketed to the resolution in two steps
+    assert race.next_load([(3.0, True), (3.75, True)]) == pytest.approx(3.75 * 1.25 ** 2)
+    assert race.next_load([(3.0, True), (3.75, True), (5.86, False)]) == pytest.approx((3.75 * 5.86) ** 0.5)
+    assert race.next_load([(3.0, True), (3.75, True), (5.86, True), (14.3, True)]) is None  # max_steps
     # what the ladder would have done from the bottom, for the same config: several steps below the incumbent
     assert Ladder(1.0).next_load([(1.0, True)]) == 2.0
 
@@ -41,7 +44,10 @@ def test_sampled_trials_race_the_incumbent_and_losers_are_pruned_where_they_miss
     text = text.replace('extra = [{ name = "max-num-seqs-2", values = { max_num_seqs = 2 } }]',
                         'extra = [{ name = "one-at-a-time", values = { max_num_seqs = 1, '
                         'gpu_memory_utilization = 0.92 } }]')
+    # racing alone: with the simulator, its predicted best would run first and lead (test below)
+    text = text.replace("[objective]\n", "[objective]\nsimulate_first = false\n")
     assert "choices = [1, 64]" in text and "one-at-a-time" in text and "builtin = []" in text
+    assert "simulate_first = false" in text
     path = tmp_path / "race.toml"
     path.write_text(text)
     r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
@@ -83,8 +89,9 @@ def test_sampled_trials_race_the_incumbent_and_losers_are_pruned_where_they_miss
 
 def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_best_first(tmp_path, tiny_model):
     """vllm-sim as the engine and as the simulator (the one that models it: a ranking that must agree), a study
-    with one weak baseline: the predictions are stored in the study, the predicted best run right after the
-    baseline, and every trial carries its predicted capacity next to the measured one."""
+    with one weak baseline: the predictions are stored in the study, the predicted best runs before the baseline
+    (predicted far below it), the next best right after it, and every trial carries its predicted capacity next to
+    the measured one; a trial that does not race starts its load ladder at its predicted capacity."""
     text = STUDY.format(name="first", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
                         kind="capacity", trials=4)
     text = text.replace('builtin = ["vllm-defaults", "xinference-legacy"]   # legacy: 70 % of the GPU, chunked prefill off',
@@ -99,15 +106,20 @@ def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_bes
     assert len(predictions) == 8  # 2 memory utilizations x 4 values of max_num_seqs (2..64, log)
     assert "simulated 8 configs in" in r.stderr, r.stderr[-2000:]
     trials = study.trials
-    assert trials[0].user_attrs[Attr.BASELINE] == "max-num-seqs-2"
-    picked = [t for t in trials[1:] if t.user_attrs[Attr.CHOSEN_BECAUSE].startswith("simulator: predicted")]
-    assert [t.number for t in picked] == [1, 2, 3], [(t.number, t.user_attrs[Attr.CHOSEN_BECAUSE]) for t in trials]
+    assert trials[1].user_attrs[Attr.BASELINE] == "max-num-seqs-2"
+    picked = [t for t in trials if t.user_attrs[Attr.CHOSEN_BECAUSE].startswith("simulator: predicted")]
+    assert [t.number for t in picked] == [0, 2, 3], [(t.number, t.user_attrs[Attr.CHOSEN_BECAUSE]) for t in trials]
+    assert "; measured before the baselines (the best predicted " in picked[0].user_attrs[Attr.CHOSEN_BECAUSE]
     best = max(p["capacity_rps"] for p in predictions)
     assert picked[0].user_attrs[Attr.PREDICTED_CAPACITY_RPS] == pytest.approx(best)
     for t in trials:  # predicted and measured, side by side on every trial (the dashboard shows both)
         assert t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] is not None and Attr.CAPACITY_RPS in t.user_attrs
+    for t in trials[:2]:  # the lead and the baseline race nothing: their ladders start at the prediction
+        assert Attr.RACE not in t.user_attrs
+        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
+        assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(t.user_attrs[Attr.LADDER_START_RPS])
     # the predicted best beat the predicted-weak baseline for real
-    assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[0].user_attrs[Attr.CAPACITY_RPS]
+    assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[1].user_attrs[Attr.CAPACITY_RPS]
 
 
 def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_model):

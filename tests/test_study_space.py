@@ -139,6 +139,24 @@ def test_load_ladder_doubles_halves_and_bisects():
     assert next_load([(1, True)], 1.0, 2, 1.25) == 2.0
 
 
+def test_a_ladder_that_starts_at_a_guess_gallops_from_the_resolution():
+    """A ladder started at a predicted capacity strides by the resolution, then by its square, its fourth power
+    (on the side the steps so far fell), and bisects once it has a pass and a miss, as the doubling ladder does."""
+    guided = Ladder(2.0, 4, 1.25, gallop=True)
+    assert guided.next_load([]) == 2.0
+    assert guided.next_load([(2.0, True)]) == pytest.approx(2.5)
+    assert guided.next_load([(2.0, True), (2.5, False)]) is None  # within the resolution: known in two steps
+    assert guided.next_load([(2.0, False)]) == pytest.approx(1.6)
+    assert guided.next_load([(2.0, False), (1.6, True)]) is None
+    assert guided.next_load([(2.0, False), (1.6, False)]) == pytest.approx(1.6 / 1.25 ** 2)
+    assert guided.next_load([(2.0, False), (1.6, False), (1.024, False)]) == pytest.approx(1.024 / 1.25 ** 4)
+    assert guided.next_load([(2.0, True), (2.5, True)]) == pytest.approx(2.5 * 1.25 ** 2)
+    assert guided.next_load([(2.0, True), (2.5, True), (3.9, False)]) == pytest.approx((2.5 * 3.9) ** 0.5)
+    assert guided.next_load([(2.0, True)] * 4) is None  # budget spent
+    # the same start, doubling: four steps to narrow what the gallop knew after two
+    assert Ladder(2.0, 4, 1.25).next_load([(2.0, True)]) == 4.0
+
+
 def test_a_fixed_load_is_one_step():
     assert FixedLoad(0.5).next_load([]) == 0.5
     assert FixedLoad(0.5).next_load([(0.5, False)]) is None

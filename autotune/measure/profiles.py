@@ -8,10 +8,16 @@ next load, or None when the measurement is complete. Profiles are pure: no engin
   the Pareto objective's single step).
 - ``Ladder``: a trial's capacity search. It doubles while the SLOs hold, halves while they
   miss, then bisects (geometrically) between the last pass and the first miss, until the two
-  are within ``resolution`` of each other or ``max_steps`` steps are spent.
+  are within ``resolution`` of each other or ``max_steps`` steps are spent. A ladder that starts
+  at a load believed to be near the capacity (the simulator's prediction) *gallops* instead:
+  its first stride is the resolution itself, and each further stride in the same direction is
+  the last one squared (1.25x, 1.56x, 2.44x, ...), so a start within the resolution of the
+  capacity brackets it in two steps, where doubling needs four to narrow a 2x bracket to 1.25x,
+  and a start far off still reaches 4.8x away within four steps.
 - ``Race``: a challenger's capacity search against the incumbent (the best capacity so far):
   its first step is the incumbent's load, and a miss there ends it, since a config that misses
-  where the incumbent holds cannot win; a pass climbs on as the ladder does.
+  where the incumbent holds cannot win; a pass gallops on from there (a challenger worth
+  measuring is seldom far above the incumbent).
 
 Adding a profile (a fixed-rate sweep) is one subclass here.
 """
@@ -51,9 +57,10 @@ class Ladder(LoadProfile):
     start: float = 1.0
     max_steps: int = 4
     resolution: float = 1.25  # stop when the failing load is within this factor of the passing one
+    gallop: bool = False  # the start is a guess of the capacity: strides from the resolution up, not doubling
 
     def next_load(self, tried: Tried) -> float | None:
-        return next_load(tried, self.start, self.max_steps, self.resolution)
+        return next_load(tried, self.start, self.max_steps, self.resolution, self.gallop)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class Race(LoadProfile):
     def next_load(self, tried: Tried) -> float | None:
         if self.lost(tried):
             return None  # missed where the incumbent holds: whatever it reaches lower, it cannot win
-        return next_load(tried, self.incumbent, self.max_steps, self.resolution)
+        return next_load(tried, self.incumbent, self.max_steps, self.resolution, gallop=True)
 
     @staticmethod
     def lost(tried: Tried) -> bool:
@@ -73,7 +80,7 @@ class Race(LoadProfile):
         return bool(tried) and not tried[0][1]
 
 
-def next_load(tried: Tried, start: float, max_steps: int, resolution: float) -> float | None:
+def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gallop: bool = False) -> float | None:
     """The ladder's next load, or None when the capacity is known well enough."""
     if len(tried) >= max_steps:
         return None
@@ -83,10 +90,12 @@ def next_load(tried: Tried, start: float, max_steps: int, resolution: float) -> 
     failed = [load for load, ok in tried if not ok]
     hi_pass = max(passed) if passed else None
     lo_fail = min(failed) if failed else None
+    # every step so far on one side of the capacity: stride away from it, doubling or galloping
+    stride = resolution ** (2 ** (len(tried) - 1)) if gallop else 2.0
     if lo_fail is None:
-        return hi_pass * 2
+        return hi_pass * stride
     if hi_pass is None:
-        return lo_fail / 2
-    if lo_fail / hi_pass <= resolution:
+        return lo_fail / stride
+    if lo_fail / hi_pass <= resolution * (1 + 1e-9):  # a gallop's stride of exactly the resolution, in floats
         return None
     return math.sqrt(hi_pass * lo_fail)

@@ -57,6 +57,7 @@ class Attr:
     PREDICTED_CAPACITY_RPS = "predicted_capacity_rps"  # the simulator's prediction, where a study made one
     UTILIZATION = "utilization"  # a sampled trial's gpu_memory_utilization moved to the highest that starts
     RACE = "race"  # a sampled trial raced the incumbent: which, at what rate it started, whether it lost there
+    LADDER_START_RPS = "ladder_start_rps"  # a trial whose load ladder started at the simulator's prediction
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
     SIM_PREDICTIONS = "sim_predictions"  # study attr: each point the simulator scored, and what it predicted
 

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
 
@@ -43,10 +43,10 @@ from autotune.engine.args import EngineArgs
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, Interrupted, TrialFailed
-from autotune.study.baselines import baseline_points
+from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
-from autotune.measure.profiles import LoadProfile, Race
+from autotune.measure.profiles import Ladder, LoadProfile, Race
 from autotune.measure.session import Outcome, measure_engine
 from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
                                     judge)
@@ -58,7 +58,8 @@ __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
 SIM_POINTS = 48  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
-SIM_FIRST = 3  # the predicted best, measured right after the baselines
+SIM_FIRST = 3  # the predicted best, measured right after the baselines (the first of them before, see LEAD_MARGIN)
+LEAD_MARGIN = 0.95  # the predicted best runs before the baselines unless one is predicted to hold this share of it
 SIM_PICKS, SIM_QUEUED = "sim_picks", "sim_picks_queued"  # study attrs: the picks, and whether they were queued
 SIM_STOPPED = "sim_stopped"  # study attr: why the simulator stopped choosing trials (TPE chooses from then on)
 SIM_RERANK = 16  # after a refit, the configs predicted best before it are predicted again, this many at most
@@ -280,28 +281,42 @@ class StudyRun:
         # a bad flag (or trust_remote_code by any spelling) in the space or a baseline is an error now,
         # before any engine starts, not a failed trial
         self.d.command.argv(self.space.engine_args(self.space.complete({})), self.table)
-        for b in baseline_points(self.space, self.d.builtin_baselines, extra):
-            if b.name in done:
-                continue
+        baselines = [b for b in baseline_points(self.space, self.d.builtin_baselines, extra) if b.name not in done]
+        for b in baselines:
             self.d.command.argv(self.space.engine_args(b.params, b.extra_args), self.table)
-            study.enqueue_trial(b.params, user_attrs={Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args,
-                                                      Attr.BASELINE_NOTES: list(b.notes)})
+        predicted: dict[str, float | None] = {}
+        if self.predictor is not None and self.scoring.remeasured:
+            predicted = self.simulate_first(study, baselines)  # its lead pick, if any, is queued before them
+        for b in baselines:
+            attrs = {Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args, Attr.BASELINE_NOTES: list(b.notes)}
+            if b.name in predicted:
+                attrs[Attr.PREDICTED_CAPACITY_RPS] = predicted[b.name]
+            study.enqueue_trial(b.params, user_attrs=attrs)
         if shared_storage(self.d):
             self._dedupe_baselines(study)
-        if self.predictor is not None and self.scoring.remeasured:
-            self.simulate_first(study)
         self._queue_sim_picks(study)  # a resumed study whose baselines are done: its picks, if not queued yet
 
-    def simulate_first(self, study: optuna.Study) -> None:
-        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and queue
-        the predicted best few right after the baselines. Once per study: a resumed run finds the predictions."""
+    def simulate_first(self, study: optuna.Study, baselines: Sequence[BaselinePoint] = ()) -> dict[str, float | None]:
+        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and queue the
+        predicted best few to run right after the baselines (``_queue_sim_picks``); the baselines about to be
+        queued are predicted too (their predicted capacity by name: the answer).
+
+        The predicted best leads, measured before the baselines, unless a baseline is predicted within
+        ``LEAD_MARGIN`` of it (then a baseline is as good a first bet and the order stays): each baseline
+        measured first is a full ladder on the GPU before the study's best bet, and on scripts/bench_search.py's
+        long-prompt scenarios the two baselines cost more than vLLM's auto_tune grid spends to reach 95 % of the
+        optimum. The baselines are still measured in full, just after it, so every result reads as a gain over
+        them. Once per study: a resumed run finds the predictions (and its queued lead)."""
         if Attr.SIM_PREDICTIONS in study.user_attrs:
-            return
+            return {}
         points = self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0)
         t0 = time.monotonic()
-        predicted = self._predict([_sim_values(self.space.engine_args(v)) for v in points])
-        if predicted is None:
-            return
+        args = [self.space.engine_args(v) for v in points] + [self.space.engine_args(b.params, b.extra_args)
+                                                              for b in baselines]
+        answers = self._predict([_sim_values(a) for a in args])
+        if answers is None:
+            return {}
+        predicted, of_baselines = answers[:len(points)], answers[len(points):]
         ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
                         key=lambda x: -x[0])
         failures = sum(1 for p in predicted if p.capacity_rps is None)
@@ -311,11 +326,21 @@ class StudyRun:
         trials = study.get_trials(deepcopy=False)
         # a waiting (enqueued) trial has no params yet: Optuna keeps them as its fixed params
         queued = {tuple(sorted((t.params or t.system_attrs.get("fixed_params") or {}).items())) for t in trials}
-        room = SIM_FIRST if self.d.budget.trials is None else min(SIM_FIRST, self.d.budget.trials - len(trials))
+        queued |= {tuple(sorted(b.params.items())) for b in baselines}
+        left = None if self.d.budget.trials is None else self.d.budget.trials - len(trials) - len(baselines)
+        room = SIM_FIRST if left is None else min(SIM_FIRST, left)
         picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][:max(room, 0)]
-        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} "
-                                         f"req/s, #{rank} of {len(points)}"} for rank, (c, v) in enumerate(picks, 1)])
-        self._queue_sim_picks(study)
+        why = [f"simulator: predicted {c:.2f} req/s, #{rank} of {len(points)}" for rank, (c, v) in enumerate(picks, 1)]
+        best_baseline = max((p.capacity_rps or 0.0 for p in of_baselines), default=None)
+        if picks and best_baseline is not None and not trials and best_baseline < LEAD_MARGIN * picks[0][0]:
+            c, v = picks[0]
+            study.enqueue_trial(v, user_attrs={
+                Attr.CHOSEN_BECAUSE: f"{why[0]}; measured before the baselines (the best predicted "
+                                     f"{best_baseline:.2f} req/s)", Attr.PREDICTED_CAPACITY_RPS: c})
+            picks, why = picks[1:], why[1:]
+        # queued by prepare's ``_queue_sim_picks`` once the baselines are: they run before the rest of the picks
+        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": w} for (c, v), w in zip(picks, why)])
+        return {b.name: p.capacity_rps for b, p in zip(baselines, of_baselines)}
 
     def _queue_sim_picks(self, study: optuna.Study, _: FrozenTrial | None = None) -> None:
         """Queue the simulator's picks once no baseline is left to run (after each trial, too): a baseline that
@@ -437,6 +462,11 @@ class StudyRun:
 
         race = self._race(trial)
         profile: LoadProfile = self.scoring.profile()
+        guess = self._ladder_guess(trial) if race is None else None
+        if guess is not None:
+            profile = Ladder(guess / self.steps.base.rate, self.d.objective.max_steps, self.d.objective.resolution,
+                             gallop=True)
+            trial.set_user_attr(Attr.LADDER_START_RPS, guess)
         if race is not None:
             profile = Race(race["start_load"], self.d.objective.max_steps, self.d.objective.resolution)
             trial.set_user_attr(Attr.RACE, race)
@@ -546,6 +576,18 @@ class StudyRun:
         if best is None or not base_rate > 0:
             return None
         return {"incumbent": best.number, "incumbent_rps": best.values[0], "start_load": best.values[0] / base_rate}
+
+    def _ladder_guess(self, trial: optuna.Trial) -> float | None:
+        """Where a trial's load ladder starts when it does not race: at the simulator's predicted capacity (req/s),
+        galloping from there, while the simulator still chooses trials (``SIM_STOPPED`` unset: its predictions have
+        not kept missing); None (the ladder climbs from the study's start load) without a prediction. A guess
+        within the ladder's resolution brackets the capacity in two steps instead of four; the capacity is known
+        to the same resolution either way, so baselines are still measured in full."""
+        predicted = trial.user_attrs.get(Attr.PREDICTED_CAPACITY_RPS)
+        if (not predicted or SIM_STOPPED in trial.study.user_attrs or not self.scoring.remeasured  # pareto: one load
+                or not self.steps.base.rate > 0):
+            return None
+        return float(predicted)
 
     def _why(self, trial: optuna.Trial) -> str:
         """Why this config runs now, in the words the console and the dashboard show."""
