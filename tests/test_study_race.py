@@ -89,9 +89,9 @@ def test_sampled_trials_race_the_incumbent_and_losers_are_pruned_where_they_miss
 
 def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_best_first(tmp_path, tiny_model):
     """vllm-sim as the engine and as the simulator (the one that models it: a ranking that must agree), a study
-    with one weak baseline: the predictions are stored in the study, the predicted best runs before the baseline
-    (predicted far below it), the next best right after it, and every trial carries its predicted capacity next to
-    the measured one; a trial that does not race starts its load ladder at its predicted capacity."""
+    with one weak baseline: the predictions are stored in the study, the predicted best three and the baseline run in
+    the order of their predictions (the baseline, predicted far below them, last), every trial carries its predicted
+    capacity next to the measured one, and a trial that does not race starts its load ladder at its prediction."""
     text = STUDY.format(name="first", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
                         kind="capacity", trials=4)
     text = text.replace('builtin = ["vllm-defaults", "xinference-legacy"]   # legacy: 70 % of the GPU, chunked prefill off',
@@ -106,20 +106,21 @@ def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_bes
     assert len(predictions) == 8  # 2 memory utilizations x 4 values of max_num_seqs (2..64, log)
     assert "simulated 8 configs in" in r.stderr, r.stderr[-2000:]
     trials = study.trials
-    assert trials[1].user_attrs[Attr.BASELINE] == "max-num-seqs-2"
+    assert trials[3].user_attrs[Attr.BASELINE] == "max-num-seqs-2"
     picked = [t for t in trials if t.user_attrs[Attr.CHOSEN_BECAUSE].startswith("simulator: predicted")]
-    assert [t.number for t in picked] == [0, 2, 3], [(t.number, t.user_attrs[Attr.CHOSEN_BECAUSE]) for t in trials]
-    assert "; measured before the baselines (the best predicted " in picked[0].user_attrs[Attr.CHOSEN_BECAUSE]
+    assert [t.number for t in picked] == [0, 1, 2], [(t.number, t.user_attrs[Attr.CHOSEN_BECAUSE]) for t in trials]
+    said = [t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] for t in trials]
+    assert said == sorted(said, reverse=True), said
     best = max(p["capacity_rps"] for p in predictions)
     assert picked[0].user_attrs[Attr.PREDICTED_CAPACITY_RPS] == pytest.approx(best)
     for t in trials:  # predicted and measured, side by side on every trial (the dashboard shows both)
         assert t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] is not None and Attr.CAPACITY_RPS in t.user_attrs
-    for t in trials[:2]:  # the lead and the baseline race nothing: their ladders start at the prediction
+    for t in (trials[0], trials[3]):  # the first pick and the baseline race nothing: they start at the prediction
         assert Attr.RACE not in t.user_attrs
         assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
         assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(t.user_attrs[Attr.LADDER_START_RPS])
     # the predicted best beat the predicted-weak baseline for real
-    assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[1].user_attrs[Attr.CAPACITY_RPS]
+    assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[3].user_attrs[Attr.CAPACITY_RPS]
 
 
 def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_model):
@@ -309,3 +310,148 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
     with pytest.raises(optuna.TrialPruned):
         run.objective(study.ask())
     assert ran[-1] == 0.85 and Attr.UTILIZATION not in study.trials[3].user_attrs
+
+
+# -- the order of the first trials, and baselines measured once -----------------------------------------------------
+
+def _prediction(capacity):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(capacity_rps=capacity, to_json=lambda: {"capacity_rps": capacity})
+
+
+def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity(tmp_path, tiny_model):
+    """Pure (no engine): the simulator predicts max_num_seqs -> capacity; the three best picks and the two
+    baselines are queued best first, a baseline ahead of a pick it ties with, one predicted not to start last."""
+    from autotune.study.baselines import BaselinePoint
+    from autotune.study.runner import SIM_QUEUED, StudyRun
+    from autotune.study.definition import load_study
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=10))
+    d = load_study(path)
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    capacity = {2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}  # the space's grid: 2, 6, 20, 64 (log) x 0.85, 0.92
+    run.predictor = lambda points: [_prediction(None if p["max_num_seqs"] == 3 else
+                                                capacity.get(p["max_num_seqs"], 0.5)) for p in points]
+    strong = BaselinePoint("strong", {"gpu_memory_utilization": 0.85, "max_num_seqs": 20})
+    broken = BaselinePoint("broken", {"gpu_memory_utilization": 0.85, "max_num_seqs": 3})
+    study = optuna.create_study(direction="maximize")
+    assert run.simulate_first(study, [broken, strong]) == {"broken", "strong"}
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    order = [(t.user_attrs.get(Attr.BASELINE), t.system_attrs["fixed_params"]["max_num_seqs"],
+              t.user_attrs[Attr.PREDICTED_CAPACITY_RPS]) for t in waiting]
+    assert [seqs for _, seqs, _ in order[:2]] == [64, 64]  # both utilizations of the predicted best
+    assert order[2] == ("strong", 20, 6.0)  # the baseline first among the ties at 6.0 ...
+    assert order[3] == (None, 20, 6.0)  # ... then the pick it ties with (the other utilization)
+    assert order[4] == ("broken", 3, None)  # predicted not to start: last
+    assert len(order) == 5 and study.user_attrs[SIM_QUEUED] is True
+    assert run.simulate_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
+
+
+def test_a_builtin_baseline_that_runs_another_baselines_config_is_measured_once(tmp_path, tiny_model):
+    from autotune.study.baselines import BaselinePoint
+    from autotune.study.runner import StudyRun
+    from autotune.study.definition import load_study
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=4))
+    d = load_study(path)
+    said = []
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+    own = d.baselines[0].name  # the study's own baseline (as production's would be): never dropped
+    points = [BaselinePoint("vllm-defaults", {"max_num_seqs": 64}), BaselinePoint("xinference-4.1", {"max_num_seqs": 64}),
+              BaselinePoint("xinference-legacy", {"max_num_seqs": 2}), BaselinePoint(own, {"max_num_seqs": 2}),
+              BaselinePoint("other", {"max_num_seqs": 64}, {"block_size": 32}),
+              BaselinePoint("cuda-blocks", {"max_num_seqs": 64}, {"block_size": 16})]  # vLLM's own on CUDA
+    assert [b.name for b in run._distinct(points)] == ["vllm-defaults", own, "other"]
+    assert said == ["baseline xinference-4.1 runs the same config as baseline vllm-defaults: measured once, as "
+                    "vllm-defaults", f"baseline xinference-legacy runs the same config as baseline {own}: measured "
+                    f"once, as {own}", "baseline cuda-blocks runs the same config as baseline vllm-defaults: "
+                    "measured once, as vllm-defaults"]
+
+
+def test_candidates_that_run_as_one_config_are_predicted_and_queued_once(tmp_path, tiny_model):
+    """With the start-up model, a candidate runs at the highest utilization that starts: the two utilizations
+    of each max_num_seqs are one config, so the three picks are three different configs."""
+    from autotune.study.runner import StudyRun
+    from autotune.study.definition import load_study
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=10))
+    d = load_study(path)
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    asked = []
+
+    def predictor(points):
+        asked.extend(points)
+        return [_prediction({2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}[p["max_num_seqs"]]) for p in points]
+
+    run.predictor, run.startup = predictor, lambda values: None  # everything starts: 0.92 is the highest
+    study = optuna.create_study(direction="maximize")
+    run.simulate_first(study)
+    assert len(asked) == 4 and {p["gpu_memory_utilization"] for p in asked} == {0.92}
+    waiting = [t.system_attrs["fixed_params"] for t in study.get_trials(states=(TrialState.WAITING,))]
+    assert waiting == [{"gpu_memory_utilization": 0.92, "max_num_seqs": n} for n in (64, 20, 6)]
+
+
+def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_engine(
+        tmp_path, tiny_model, monkeypatch):
+    """Two sampled utilizations that the rule runs at the same one are one config: the second trial takes the
+    first one's capacity and constraints (``same_config_as``) and starts no engine; a pruned twin prunes it."""
+    from autotune.engine.failures import Failure, FailureClass
+    from autotune.measure.session import Outcome
+    from autotune.study import runner
+    from autotune.study.definition import load_study
+    from autotune.study.records import TrialRecord
+    from autotune.study.lines import trial_line
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=6))
+    d = load_study(path)
+    run = runner.StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    run.startup = lambda values: None
+    ran = []
+
+    def crash(command, args, *a, **kw):  # (not an oom: that would lower the utilization ceiling)
+        ran.append(dict(args.values))
+        return Outcome(url="", failure=Failure(FailureClass.CRASHED, "engine exited with -11"),
+                       engine_failed_after_s=1.0)
+
+    monkeypatch.setattr(runner, "measure_engine", crash)
+    study = optuna.create_study(direction="maximize")
+    for u in (0.85, 0.92):  # both run at 0.92
+        study.enqueue_trial({"gpu_memory_utilization": u, "max_num_seqs": 8})
+        trial = study.ask()
+        with pytest.raises(optuna.TrialPruned):
+            run.objective(trial)
+        study.tell(trial, state=TrialState.PRUNED)  # what Optuna's optimize does with a TrialPruned
+    first, second = study.trials
+    assert len(ran) == 1  # one engine start for one config
+    assert first.user_attrs[Attr.ENGINE_ARGS] == second.user_attrs[Attr.ENGINE_ARGS]
+    assert Attr.SAME_CONFIG_AS not in first.user_attrs and second.user_attrs[Attr.SAME_CONFIG_AS] == 0
+    assert second.user_attrs[Attr.FAILURE_CLASS] == "crashed" and second.user_attrs[Attr.CONSTRAINTS] == \
+        first.user_attrs[Attr.CONSTRAINTS]
+    line = trial_line(TrialRecord.of(study.get_trials()[1]), None)
+    assert "the same config as trial 0, not run again: crashed: " in line, line
+
+    # a complete twin: its value, without an engine
+    study.add_trial(optuna.trial.create_trial(
+        params={"gpu_memory_utilization": 0.92, "max_num_seqs": 16}, value=4.5,
+        distributions=first.distributions, user_attrs={
+            Attr.ENGINE_ARGS: {**first.user_attrs[Attr.ENGINE_ARGS],
+                               "values": {**first.user_attrs[Attr.ENGINE_ARGS]["values"], "max_num_seqs": 16}},
+            Attr.CAPACITY_RPS: 4.5, Attr.CONSTRAINTS: [-1.0, -2.0]}))
+    study.enqueue_trial({"gpu_memory_utilization": 0.85, "max_num_seqs": 16})
+    trial = study.ask()
+    assert run.objective(trial) == 4.5 and len(ran) == 1
+    assert trial.user_attrs[Attr.SAME_CONFIG_AS] == 2 and trial.user_attrs[Attr.CAPACITY_RPS] == 4.5
+    assert trial.user_attrs[Attr.CONSTRAINTS] == [-1.0, -2.0]

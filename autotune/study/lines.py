@@ -65,6 +65,8 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
                    + ("" if same_trial(r, reference) else gain_text(r.capacity_rps, reference)))
     else:
         outcome = _missed(r)
+    if r.same_config_as is not None:
+        outcome = f"the same config as trial {r.same_config_as}, not run again: {outcome}"
     took = f" [{elapsed_text(r.wall_s)}]" if r.wall_s else ""
     return f"trial {r.number} ({r.chosen_because}) {config} -> {outcome}{took}"
 

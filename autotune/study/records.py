@@ -58,6 +58,7 @@ class Attr:
     UTILIZATION = "utilization"  # a sampled trial's gpu_memory_utilization moved to the highest that starts
     RACE = "race"  # a sampled trial raced the incumbent: which, at what rate it started, whether it lost there
     LADDER_START_RPS = "ladder_start_rps"  # a trial whose load ladder started at the simulator's prediction
+    SAME_CONFIG_AS = "same_config_as"  # a sampled trial whose engine args an earlier trial measured: not run again
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
     SIM_PREDICTIONS = "sim_predictions"  # study attr: each point the simulator scored, and what it predicted
 
@@ -130,6 +131,11 @@ class TrialRecord:
     def race(self) -> dict[str, Any] | None:
         """The incumbent this trial raced (``incumbent``, ``incumbent_rps``), and whether it ``lost`` there."""
         return self.attrs.get(Attr.RACE)
+
+    @property
+    def same_config_as(self) -> int | None:
+        """The earlier trial that measured this trial's engine args (this one took its result, no engine ran)."""
+        return self.attrs.get(Attr.SAME_CONFIG_AS)
 
     @property
     def predicted_capacity_rps(self) -> float | None:

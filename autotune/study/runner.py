@@ -24,6 +24,7 @@ meets no SLO is 0, below every trial that does, so the dashboard's "best" cannot
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -58,8 +59,7 @@ __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
 
 TPE_STARTUP_TRIALS = 5  # finished trials (baselines included) before TPE models the space; random until then
 SIM_POINTS = 48  # points of the space the simulator scores before the first launch (a grid, or a sample of it)
-SIM_FIRST = 3  # the predicted best, measured right after the baselines (the first of them before, see LEAD_MARGIN)
-LEAD_MARGIN = 0.95  # the predicted best runs before the baselines unless one is predicted to hold this share of it
+SIM_FIRST = 3  # the predicted best, queued with the baselines in the order of what it predicts for each
 SIM_PICKS, SIM_QUEUED = "sim_picks", "sim_picks_queued"  # study attrs: the picks, and whether they were queued
 SIM_STOPPED = "sim_stopped"  # study attr: why the simulator stopped choosing trials (TPE chooses from then on)
 SIM_RERANK = 16  # after a refit, the configs predicted best before it are predicted again, this many at most
@@ -113,7 +113,7 @@ def simulator_misses(records: list[TrialRecord]) -> str | None:
     """Why the simulator's predictions cannot be trusted any more, or None: MISSES of the last MISS_WINDOW
     measured trials that carry a prediction made before they ran came out more than MISS_RATIO off it."""
     judged = [r for r in records if r.state == TrialState.COMPLETE and r.capacity_rps > 0
-              and r.predicted_capacity_rps]
+              and r.predicted_capacity_rps and r.same_config_as is None]
     last = judged[-MISS_WINDOW:]
     off = [r for r in last if max(r.capacity_rps / r.predicted_capacity_rps,
                                   r.predicted_capacity_rps / r.capacity_rps) > MISS_RATIO]
@@ -281,41 +281,71 @@ class StudyRun:
         # a bad flag (or trust_remote_code by any spelling) in the space or a baseline is an error now,
         # before any engine starts, not a failed trial
         self.d.command.argv(self.space.engine_args(self.space.complete({})), self.table)
-        baselines = [b for b in baseline_points(self.space, self.d.builtin_baselines, extra) if b.name not in done]
+        baselines = [b for b in self._distinct(baseline_points(self.space, self.d.builtin_baselines, extra))
+                     if b.name not in done]
         for b in baselines:
             self.d.command.argv(self.space.engine_args(b.params, b.extra_args), self.table)
-        predicted: dict[str, float | None] = {}
+        queued: set[str] = set()
         if self.predictor is not None and self.scoring.remeasured:
-            predicted = self.simulate_first(study, baselines)  # its lead pick, if any, is queued before them
+            queued = self.simulate_first(study, baselines)  # in the order of its predictions, its picks among them
         for b in baselines:
-            attrs = {Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args, Attr.BASELINE_NOTES: list(b.notes)}
-            if b.name in predicted:
-                attrs[Attr.PREDICTED_CAPACITY_RPS] = predicted[b.name]
-            study.enqueue_trial(b.params, user_attrs=attrs)
+            if b.name not in queued:
+                study.enqueue_trial(b.params, user_attrs=self._baseline_attrs(b))
         if shared_storage(self.d):
             self._dedupe_baselines(study)
         self._queue_sim_picks(study)  # a resumed study whose baselines are done: its picks, if not queued yet
 
-    def simulate_first(self, study: optuna.Study, baselines: Sequence[BaselinePoint] = ()) -> dict[str, float | None]:
-        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and queue the
-        predicted best few to run right after the baselines (``_queue_sim_picks``); the baselines about to be
-        queued are predicted too (their predicted capacity by name: the answer).
+    def _distinct(self, points: list[BaselinePoint]) -> list[BaselinePoint]:
+        """The baselines, less a built-in one that runs the same config as an earlier baseline or as one the study
+        names (production's): on a 24-48 GB GPU vLLM's defaults are what Xinference 4.1 launches (its block_size 16
+        is vLLM's own on CUDA), and one config measured twice under two names is GPU time for nothing. The study's
+        own baselines are never dropped."""
+        own = {b.name for b in self.d.baselines}
+        # a knob the space does not search, given at the engine's own default, is the default config's
+        defaults = {k: spec.get("default") for k, spec in self.space.engine.default_space(self.d.platform).items()}
+        keys = [json.dumps([b.params, {k: v for k, v in b.extra_args.items() if k not in defaults or defaults[k] != v}],
+                           sort_keys=True, default=str) for b in points]
+        kept = []
+        for n, b in enumerate(points):
+            twin = None if b.name in own else next(
+                (o.name for o, k in zip(points, keys) if o.name in own and k == keys[n]),
+                next((o.name for o, k in zip(points[:n], keys) if k == keys[n]), None))
+            if twin is not None:
+                self.notice(f"baseline {b.name} runs the same config as baseline {twin}: measured once, as {twin}")
+                continue
+            kept.append(b)
+        return kept
 
-        The predicted best leads, measured before the baselines, unless a baseline is predicted within
-        ``LEAD_MARGIN`` of it (then a baseline is as good a first bet and the order stays): each baseline
-        measured first is a full ladder on the GPU before the study's best bet, and on scripts/bench_search.py's
-        long-prompt scenarios the two baselines cost more than vLLM's auto_tune grid spends to reach 95 % of the
-        optimum. The baselines are still measured in full, just after it, so every result reads as a gain over
-        them. Once per study: a resumed run finds the predictions (and its queued lead)."""
+    @staticmethod
+    def _baseline_attrs(b: BaselinePoint) -> dict[str, Any]:
+        return {Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args, Attr.BASELINE_NOTES: list(b.notes)}
+
+    def simulate_first(self, study: optuna.Study, baselines: Sequence[BaselinePoint] = ()) -> set[str]:
+        """Score the space in virtual time, keep every prediction in the study (``sim_predictions``), and queue the
+        predicted best few (``SIM_FIRST``) and the baselines not yet run, predicted too, in the order of their
+        predicted capacity (a baseline first where they tie; one predicted not to start last): the names of the
+        baselines queued. Once per study: a resumed run finds the predictions (and what it queued).
+
+        Baselines first, then the picks, was the order before: each baseline is a full ladder on the GPU, and on
+        scripts/bench_search.py's long-prompt scenarios the two of them cost more than vLLM's auto_tune grid spends
+        to reach 95 % of the optimum, before the study's best bet ran at all. The baselines are still measured in
+        full (a gain is still read against them); a weak one just waits behind the configs predicted to beat it."""
         if Attr.SIM_PREDICTIONS in study.user_attrs:
-            return {}
-        points = self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0)
+            return set()
+        points, seen = [], set()
+        # each candidate as a sampled trial would run it (the utilization rule): points that differ only in a
+        # utilization the rule moves are one config, predicted and measured once
+        for v in self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0):
+            v = self._runs_as(v, study.user_attrs.get(UTILIZATION_CEILING))
+            if (key := tuple(sorted(v.items()))) not in seen:
+                seen.add(key)
+                points.append(v)
         t0 = time.monotonic()
         args = [self.space.engine_args(v) for v in points] + [self.space.engine_args(b.params, b.extra_args)
                                                               for b in baselines]
         answers = self._predict([_sim_values(a) for a in args])
         if answers is None:
-            return {}
+            return set()
         predicted, of_baselines = answers[:len(points)], answers[len(points):]
         ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
                         key=lambda x: -x[0])
@@ -330,17 +360,21 @@ class StudyRun:
         left = None if self.d.budget.trials is None else self.d.budget.trials - len(trials) - len(baselines)
         room = SIM_FIRST if left is None else min(SIM_FIRST, left)
         picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][:max(room, 0)]
-        why = [f"simulator: predicted {c:.2f} req/s, #{rank} of {len(points)}" for rank, (c, v) in enumerate(picks, 1)]
-        best_baseline = max((p.capacity_rps or 0.0 for p in of_baselines), default=None)
-        if picks and best_baseline is not None and not trials and best_baseline < LEAD_MARGIN * picks[0][0]:
-            c, v = picks[0]
-            study.enqueue_trial(v, user_attrs={
-                Attr.CHOSEN_BECAUSE: f"{why[0]}; measured before the baselines (the best predicted "
-                                     f"{best_baseline:.2f} req/s)", Attr.PREDICTED_CAPACITY_RPS: c})
-            picks, why = picks[1:], why[1:]
-        # queued by prepare's ``_queue_sim_picks`` once the baselines are: they run before the rest of the picks
-        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": w} for (c, v), w in zip(picks, why)])
-        return {b.name: p.capacity_rps for b, p in zip(baselines, of_baselines)}
+        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} "
+                                         f"req/s, #{rank} of {len(points)}"} for rank, (c, v) in enumerate(picks, 1)])
+        order = sorted([(p.capacity_rps or 0.0, 0, i) for i, p in enumerate(of_baselines)]
+                       + [(c, 1, i) for i, (c, _) in enumerate(picks)], key=lambda x: (-x[0], x[1]))
+        for _, is_pick, i in order:
+            if is_pick:
+                pick = study.user_attrs[SIM_PICKS][i]
+                study.enqueue_trial(pick["values"], user_attrs={Attr.CHOSEN_BECAUSE: pick["why"],
+                                                                Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]})
+            else:
+                b = baselines[i]
+                study.enqueue_trial(b.params, user_attrs={**self._baseline_attrs(b),  # None: it would not start
+                                                          Attr.PREDICTED_CAPACITY_RPS: of_baselines[i].capacity_rps})
+        study.set_user_attr(SIM_QUEUED, True)
+        return {b.name for b in baselines}
 
     def _queue_sim_picks(self, study: optuna.Study, _: FrozenTrial | None = None) -> None:
         """Queue the simulator's picks once no baseline is left to run (after each trial, too): a baseline that
@@ -377,7 +411,11 @@ class StudyRun:
         missed = simulator_misses(records)
         if missed:
             return self._stop_simulating(study, missed)
-        measured = {tuple(sorted(t.params.items())) for t in trials if t.params}
+        # what ran: a sampled trial at the utilization the rule moved it to (``Attr.UTILIZATION``)
+        measured = {tuple(sorted({**t.params, **({UTILIZATION: t.user_attrs[Attr.UTILIZATION]["runs"]}
+                                                  if Attr.UTILIZATION in t.user_attrs else {})}.items()))
+                    for t in trials if t.params}
+        measured |= {tuple(sorted(t.params.items())) for t in trials if t.params}
         ranked = sorted((p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")),
                         key=lambda p: -p["capacity_rps"])
         left = [p["values"] for p in ranked if tuple(sorted(p["values"].items())) not in measured][:SIM_RERANK]
@@ -431,11 +469,14 @@ class StudyRun:
         label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
         if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
             trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
+        shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
+        twin = None if trial.user_attrs.get(Attr.BASELINE) else self._measured_twin(trial, shown.to_json())
+        if twin is not None:
+            return self._as_measured(trial, twin, argv, shown)
         if self.predictor is not None and Attr.PREDICTED_CAPACITY_RPS not in trial.user_attrs:
             predicted = self._predict([_sim_values(args)])
             if predicted is not None:
                 trial.set_user_attr(Attr.PREDICTED_CAPACITY_RPS, predicted[0].capacity_rps)
-        shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENV, dict(shown.env))
         trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
@@ -514,6 +555,32 @@ class StudyRun:
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         return self.scoring.value(out)
 
+    @staticmethod
+    def _measured_twin(trial: optuna.Trial, engine_args: dict[str, Any]) -> FrozenTrial | None:
+        """The earlier finished trial that ran exactly these engine args, or None. TPE samples values the
+        utilization rule and vLLM's rules move onto a config already measured (two utilizations that both run at
+        the highest that starts are one config); measuring it again is minutes of GPU for an answer the study has
+        (the re-measurement, not a second trial, is what deals with noise)."""
+        done = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return next((t for t in done if t.user_attrs.get(Attr.ENGINE_ARGS) == engine_args
+                     and Attr.SAME_CONFIG_AS not in t.user_attrs), None)
+
+    def _as_measured(self, trial: optuna.Trial, twin: FrozenTrial, argv: list[str],
+                     shown: EngineArgs) -> float | tuple[float, ...]:
+        """This trial takes its twin's result (no engine starts): its value, constraints and capacity, or its
+        pruning, with ``same_config_as`` saying whose."""
+        trial.set_user_attr(Attr.SAME_CONFIG_AS, twin.number)
+        trial.set_user_attr(Attr.ARGV, argv)
+        trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
+        for key in (Attr.CONSTRAINTS, Attr.CAPACITY_RPS, Attr.CAPACITY_OUTPUT_TOK_S, Attr.FAILURE_CLASS,
+                    Attr.FAILURE, Attr.PRECHECK):
+            if key in twin.user_attrs:
+                trial.set_user_attr(key, twin.user_attrs[key])
+        self.show(f"trial {trial.number}: the same config as trial {twin.number}, which measured it: not run again")
+        if twin.state == TrialState.PRUNED:
+            raise optuna.TrialPruned(f"the same config as trial {twin.number}, pruned")
+        return tuple(twin.values) if len(twin.values) > 1 else twin.values[0]
+
     def _predict(self, points: list[dict[str, Any]]) -> list[Any] | None:
         """The simulator's predictions, or None once it failed: it is an aid, and a config it cannot model (an
         arg it does not know) must not stop a study that would measure it fine."""
@@ -531,10 +598,19 @@ class StudyRun:
         of the space that the start-up model says starts with the trial's other args, and below one this study
         saw fail to start for real. Optuna keeps the sampled value (``Attr.UTILIZATION`` says both), as for vLLM's
         own rules (space.py)."""
-        param = next((p for p in self.space.params if p.name == UTILIZATION), None)
-        if param is None or UTILIZATION not in values:
-            return values
         ceiling = trial.study.user_attrs.get(UTILIZATION_CEILING)
+        point = self._runs_as(values, ceiling)
+        if point is not values:
+            trial.set_user_attr(Attr.UTILIZATION, {"sampled": values[UTILIZATION], "runs": point[UTILIZATION],
+                                                   "ceiling": ceiling})
+        return point
+
+    def _runs_as(self, values: dict[str, Any], ceiling: float | None = None) -> dict[str, Any]:
+        """``values`` at the highest utilization the start-up model says starts (at most ``ceiling``), or
+        ``values`` itself: no utilization knob, no start-up model, or nothing in range that starts."""
+        param = next((p for p in self.space.params if p.name == UTILIZATION), None)
+        if param is None or UTILIZATION not in values or self.startup is None:
+            return values
         for u in utilization_ladder(param):
             if ceiling is not None and u > ceiling + 1e-9:
                 continue
@@ -546,8 +622,6 @@ class StudyRun:
                 self.startup = None
                 return values
             if failure is None:
-                trial.set_user_attr(Attr.UTILIZATION, {"sampled": values[UTILIZATION], "runs": u,
-                                                       "ceiling": ceiling})
                 return point
         return values  # nothing in range starts, as predicted: the sampled value runs, and fails for real
 
@@ -659,7 +733,7 @@ class StudyRun:
     def remeasure(self, study: optuna.Study) -> Remeasurement | None:
         """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
         done = [r for r in map(TrialRecord.of, study.get_trials(deepcopy=False)) if r.feasible]
-        sampled = sorted((r for r in done if not r.baseline), key=lambda r: -r.values[0])
+        sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.values[0])
         baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.values[0])
         if not baselines:
             return None
