@@ -2,9 +2,11 @@
 
 This host's CPU is calibrated beforehand (the fit scripts/bench_self_calibration.py made of ten real configs of
 this model here: CPU_FIT below), as `autotune calibrate` would leave it; then one study shows each part in its
-trials: the simulator's picks right after the baseline, each racing the incumbent from its capacity, a refit
-after the picks, and the next trial chosen by the refitted simulator or, where it stopped, by TPE with the reason
-kept in the study. Slow (five engine starts); marked ``engine`` and run in CI.
+trials: the simulator's picks and the baseline in the order of their predicted capacity (the weak baseline last),
+the first pick's and the baseline's load ladders starting at their predictions, the later picks racing the
+incumbent from its capacity, a refit after them, and the next trial chosen by the refitted simulator or, where it
+stopped, by TPE with the reason kept in the study. Slow (five engine starts at most); marked ``engine`` and run in
+CI.
 """
 
 import os
@@ -95,16 +97,23 @@ def test_a_cpu_study_simulates_first_races_and_learns_from_each_trial(tmp_path, 
     assert len(study.user_attrs[Attr.SIM_PREDICTIONS]) > 8
     trials = study.trials
     assert len(trials) == 5 and trials[0].state is TrialState.COMPLETE
-    assert trials[0].user_attrs[Attr.BASELINE] == "one-at-a-time"
+    baseline = trials[3]
+    assert baseline.user_attrs[Attr.BASELINE] == "one-at-a-time"
     why = [t.user_attrs[Attr.CHOSEN_BECAUSE] for t in trials]
-    assert all(w.startswith("simulator: predicted") for w in why[1:4]), why
-    for t in trials[1:]:  # every later trial raced the incumbent, starting at its capacity
+    assert all(w.startswith("simulator: predicted") for w in why[:3]), why
+    predicted = [t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] for t in trials[:4]]
+    assert predicted == sorted(predicted, reverse=True), predicted  # queued in the order of their predictions
+    for t in (trials[0], baseline):  # nothing to race yet, or a baseline: the ladder starts at the prediction
+        assert Attr.RACE not in t.user_attrs, t.number
+        assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(t.user_attrs[Attr.LADDER_START_RPS])
+        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
+    for t in trials[1:3]:  # the later picks raced the incumbent, starting at its capacity
         race = t.user_attrs[Attr.RACE]
         assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(race["incumbent_rps"]), (t.number, race)
         assert t.state is (TrialState.PRUNED if race["lost"] else TrialState.COMPLETE)
-        assert "predicted_capacity_rps" in t.user_attrs  # predicted before it ran, measured after: side by side
+    assert all(Attr.PREDICTED_CAPACITY_RPS in t.user_attrs for t in trials)  # predicted before, measured after
     # the simulator's picks beat one request at a time for real
-    assert max(t.user_attrs.get(Attr.CAPACITY_RPS, 0.0) for t in trials[1:4]) > trials[0].user_attrs[Attr.CAPACITY_RPS]
+    assert max(t.user_attrs.get(Attr.CAPACITY_RPS, 0.0) for t in trials[:3]) > baseline.user_attrs[Attr.CAPACITY_RPS]
     # after the picks: a refit, then the refitted simulator's next pick, or TPE with the simulator's reason kept
     # (or the refit's check, where the last fit already says every measured step to within ~10 %)
     assert "vllm-sim refitted to this host: calibrated on" in r.stderr or "vllm-sim still fits this host's" in r.stderr

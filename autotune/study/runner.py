@@ -334,8 +334,10 @@ class StudyRun:
             return set()
         points, seen = [], set()
         # each candidate as a sampled trial would run it (the utilization rule): points that differ only in a
-        # utilization the rule moves are one config, predicted and measured once
-        for v in self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0):
+        # utilization the rule moves are one config, predicted and measured once. The baselines' own points join
+        # the grid's sample: vLLM's defaults at the highest utilization that starts are a config the sample may
+        # miss and often among the best (scripts/bench_search.py's chat on an L20)
+        for v in self.space.candidates(limit=SIM_POINTS, seed=self.d.seed or 0) + [b.params for b in baselines]:
             v = self._runs_as(v, study.user_attrs.get(UTILIZATION_CEILING))
             if (key := tuple(sorted(v.items()))) not in seen:
                 seen.add(key)
