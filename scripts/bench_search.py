@@ -537,8 +537,13 @@ def main() -> int:
     ap.add_argument("--survey", action="store_true", help="only the truth: defaults vs optimum per seed")
     ap.add_argument("--json", type=Path, help="also write every run's trials here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print what autotune's runs say")
+    ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: the table of these --json files' runs (a later file's run of the same "
+                    "scenario, seed and strategy replaces an earlier one's), and with --json their merge")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
+    if a.table_from:
+        return table_from(a.table_from, a.json, a.budget)
     say = (lambda m: print(f"    {m}", file=sys.stderr)) if a.verbose else (lambda _: None)
     rows, dump = [], []
     for sc in SCENARIOS:
@@ -580,13 +585,44 @@ def main() -> int:
                              _median([h[0] for h in hits], "{:.0f}", a.budget),
                              _median([h[1] for h in hits], "{:.2f}", a.budget),
                              f"{sum(h[0] is not None for h in hits)}/{len(hits)}"))
+    print_table(rows)
+    return 0
+
+
+def summary_rows(dump: list[dict[str, Any]], budget: int) -> list[tuple[str, ...]]:
+    """The table's rows of a dump of runs (--json): per scenario and strategy, in the order they first appear."""
+    rows = []
+    for name in dict.fromkeys(d["scenario"] for d in dump):
+        runs = [d for d in dump if d["scenario"] == name]
+        shares = {d["seed"]: d["defaults_share"] for d in runs}
+        for strategy in sorted({d["strategy"] for d in runs}, key=STRATEGIES.index):
+            hits = [(d["trials_to_95"], d["gpu_hours_to_95"]) for d in runs if d["strategy"] == strategy]
+            rows.append((name, f"{statistics.median(shares.values()):.0%}", strategy,
+                         _median([h[0] for h in hits], "{:.0f}", budget),
+                         _median([h[1] for h in hits], "{:.2f}", budget),
+                         f"{sum(h[0] is not None for h in hits)}/{len(hits)}"))
+    return rows
+
+
+def table_from(paths: list[Path], out: Path | None, budget: int) -> int:
+    merged: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for path in paths:
+        for run in json.loads(path.read_text()):
+            merged[(run["scenario"], run["seed"], run["strategy"])] = run
+    dump = list(merged.values())
+    if out is not None:
+        out.write_text(json.dumps(dump, indent=1))
+    print_table(summary_rows(dump, budget))
+    return 0
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
     if rows:
         print("\n| scenario | defaults / optimum (median) | strategy | median real trials to 95 % "
               "| median GPU-hours to 95 % | runs that got there |")
         print("|---|---|---|---|---|---|")
         for r in rows:
             print("| " + " | ".join(r) + " |")
-    return 0
 
 
 if __name__ == "__main__":

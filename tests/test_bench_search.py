@@ -105,3 +105,22 @@ def test_the_utilization_rules_evidence_counts_what_the_rule_would_lose(bench):
     kept, (both, better, worse) = bench.utilization_rule(table)
     # at 64 the rule runs 0.95 (8 of the optimum's 10); at 32 only 0.85 starts (6)
     assert kept == pytest.approx(0.8) and (both, better, worse) == (1, 0, 1)
+
+
+def test_a_table_from_several_run_files_takes_the_later_run_of_the_same_scenario_seed_and_strategy(
+        bench, tmp_path, capsys):
+    def run(strategy, seed, trials, hours):
+        return {"scenario": "s", "seed": seed, "strategy": strategy, "optimum": 1.0, "defaults_share": 0.5,
+                "trials_to_95": trials, "gpu_hours_to_95": hours, "trials": []}
+
+    old = [run("autotune", 0, 5, 0.5), run("autotune", 1, 7, 0.7), run("TPE", 0, 3, 0.3), run("TPE", 1, None, None),
+           run("TPE", 2, None, None)]
+    new = [run("autotune", 0, 1, 0.1)]  # a rerun of one run
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    merged = tmp_path / "merged.json"
+    assert bench.table_from([tmp_path / "old.json", tmp_path / "new.json"], merged, 15) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s |")]
+    assert rows == ["| s | 50% | autotune | 4 | 0.40 | 2/2 |",  # medians of (1, 7) and (0.1, 0.7)
+                    "| s | 50% | TPE | > 15 trials | > 15 trials | 1/3 |"]  # two of three never got there
+    assert len(json.loads(merged.read_text())) == 5

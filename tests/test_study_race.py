@@ -115,9 +115,14 @@ def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_bes
     assert picked[0].user_attrs[Attr.PREDICTED_CAPACITY_RPS] == pytest.approx(best)
     for t in trials:  # predicted and measured, side by side on every trial (the dashboard shows both)
         assert t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] is not None and Attr.CAPACITY_RPS in t.user_attrs
-    for t in (trials[0], trials[3]):  # the first pick and the baseline race nothing: they start at the prediction
+    # the first pick and the baseline race nothing: they start at the prediction, scaled by how far off the
+    # simulator was on the trials measured before them
+    from autotune.study.records import TrialRecord
+    from autotune.study.runner import prediction_bias
+    for t in (trials[0], trials[3]):
         assert Attr.RACE not in t.user_attrs
-        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
+        bias = prediction_bias([TrialRecord.of(u) for u in trials[:t.number]])
+        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] * bias)
         assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(t.user_attrs[Attr.LADDER_START_RPS])
     # the predicted best beat the predicted-weak baseline for real
     assert max(t.user_attrs[Attr.CAPACITY_RPS] for t in picked) > 2 * trials[3].user_attrs[Attr.CAPACITY_RPS]
@@ -455,3 +460,20 @@ def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_
     assert run.objective(trial) == 4.5 and len(ran) == 1
     assert trial.user_attrs[Attr.SAME_CONFIG_AS] == 2 and trial.user_attrs[Attr.CAPACITY_RPS] == 4.5
     assert trial.user_attrs[Attr.CONSTRAINTS] == [-1.0, -2.0]
+
+
+def test_a_ladder_starts_at_the_prediction_scaled_by_how_far_off_the_simulator_has_been_here():
+    from autotune.study.runner import prediction_bias
+    from autotune.study.records import TrialRecord
+
+    def record(number, capacity, predicted, state=TrialState.COMPLETE, **more):
+        attrs = {Attr.CAPACITY_RPS: capacity, Attr.PREDICTED_CAPACITY_RPS: predicted, **more}
+        return TrialRecord(number, state, {}, (capacity,), attrs)
+
+    assert prediction_bias([]) == 1.0  # nothing measured yet: the prediction as it is
+    assert prediction_bias([record(0, 8.0, 10.0), record(1, 6.0, 10.0), record(2, 12.0, 10.0)]) == pytest.approx(0.8)
+    ignored = [record(3, 0.0, 10.0),  # met no SLO: says nothing about the scale
+               record(4, 5.0, None),  # no prediction before it ran
+               record(5, 5.0, 10.0, TrialState.PRUNED),  # a lost race or a pruned climb: a lower bound only
+               record(6, 1.0, 10.0, **{Attr.SAME_CONFIG_AS: 0})]  # not measured: a copy
+    assert prediction_bias([record(0, 8.0, 10.0), *ignored]) == pytest.approx(0.8)

@@ -18,7 +18,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.sim import calibrate as cal
-from autotune.study.records import Attr
+from autotune.study.records import Attr, TrialRecord
+from autotune.study.runner import prediction_bias
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -103,10 +104,13 @@ def test_a_cpu_study_simulates_first_races_and_learns_from_each_trial(tmp_path, 
     assert all(w.startswith("simulator: predicted") for w in why[:3]), why
     predicted = [t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] for t in trials[:4]]
     assert predicted == sorted(predicted, reverse=True), predicted  # queued in the order of their predictions
-    for t in (trials[0], baseline):  # nothing to race yet, or a baseline: the ladder starts at the prediction
+    # nothing to race yet, or a baseline: the ladder starts at the prediction, scaled by how far off the simulator
+    # was on the trials measured before it
+    for t in (trials[0], baseline):
         assert Attr.RACE not in t.user_attrs, t.number
         assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(t.user_attrs[Attr.LADDER_START_RPS])
-        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
+        bias = prediction_bias([TrialRecord.of(u) for u in trials[:t.number]])
+        assert t.user_attrs[Attr.LADDER_START_RPS] == pytest.approx(t.user_attrs[Attr.PREDICTED_CAPACITY_RPS] * bias)
     for t in trials[1:3]:  # the later picks raced the incumbent, starting at its capacity
         race = t.user_attrs[Attr.RACE]
         assert t.user_attrs[Attr.STEPS][0]["rate"] == pytest.approx(race["incumbent_rps"]), (t.number, race)

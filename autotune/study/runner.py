@@ -28,6 +28,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -122,6 +123,16 @@ def simulator_misses(records: list[TrialRecord]) -> str | None:
     said = ", ".join(f"trial {r.number} measured {r.capacity_rps:.2f} req/s where it predicted "
                      f"{r.predicted_capacity_rps:.2f}" for r in off)
     return f"{len(off)} of its last {len(last)} predictions missed by more than {MISS_RATIO}x ({said})"
+
+
+def prediction_bias(records: list[TrialRecord]) -> float:
+    """The median of measured / predicted capacity over the trials measured so far that had a prediction made before
+    they ran (1.0 before any): a simulator off by the same factor on every config (a host slower than its profile)
+    still ranks them right, and a load ladder that starts at its prediction should start where this host holds."""
+    ratios = [r.capacity_rps / r.predicted_capacity_rps for r in records
+              if r.state == TrialState.COMPLETE and r.capacity_rps > 0 and r.predicted_capacity_rps
+              and r.same_config_as is None]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def _sim_values(args: EngineArgs) -> dict[str, Any]:
@@ -658,12 +669,15 @@ class StudyRun:
         galloping from there, while the simulator still chooses trials (``SIM_STOPPED`` unset: its predictions have
         not kept missing); None (the ladder climbs from the study's start load) without a prediction. A guess
         within the ladder's resolution brackets the capacity in two steps instead of four; the capacity is known
-        to the same resolution either way, so baselines are still measured in full."""
+        to the same resolution either way, so baselines are still measured in full. The prediction is scaled by
+        how far off the simulator has been on this study's measured trials (``prediction_bias``): the picks and
+        baselines queued before any refit were predicted by a simulator that has not seen this host yet."""
         predicted = trial.user_attrs.get(Attr.PREDICTED_CAPACITY_RPS)
         if (not predicted or SIM_STOPPED in trial.study.user_attrs or not self.scoring.remeasured  # pareto: one load
                 or not self.steps.base.rate > 0):
             return None
-        return float(predicted)
+        done = [TrialRecord.of(t) for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        return float(predicted) * prediction_bias(done)
 
     def _why(self, trial: optuna.Trial) -> str:
         """Why this config runs now, in the words the console and the dashboard show."""
