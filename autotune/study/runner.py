@@ -586,9 +586,11 @@ class StudyRun:
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
         for key in (Attr.CONSTRAINTS, Attr.CAPACITY_RPS, Attr.CAPACITY_OUTPUT_TOK_S, Attr.FAILURE_CLASS,
-                    Attr.FAILURE, Attr.PRECHECK):
+                    Attr.FAILURE, Attr.FAILURE_EXCERPT, Attr.PRECHECK):
             if key in twin.user_attrs:
                 trial.set_user_attr(key, twin.user_attrs[key])
+        if Attr.FAILURE_CLASS in twin.user_attrs:
+            trial.set_user_attr(Attr.FAILURE_ENGINE_SECONDS, 0.0)  # this trial's: no engine ran
         self.show(f"trial {trial.number}: the same config as trial {twin.number}, which measured it: not run again")
         if twin.state == TrialState.PRUNED:
             raise optuna.TrialPruned(f"the same config as trial {twin.number}, pruned")
