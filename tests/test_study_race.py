@@ -325,6 +325,21 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
 
 # -- the order of the first trials, and baselines measured once -----------------------------------------------------
 
+def _study_run(tmp_path, tiny_model, trials, notice=None):
+    """(a StudyRun of the vllm-sim study below, its definition): nothing starts unless the test runs a trial."""
+    from autotune.study.definition import load_study
+    from autotune.study.runner import StudyRun
+    from autotune.workload.source import LoadSteps
+
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
+                                 kind="capacity", trials=trials))
+    d = load_study(path)
+    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds),
+                   **({"notice": notice} if notice else {}))
+    return run, d
+
+
 def _prediction(capacity):
     from types import SimpleNamespace
 
@@ -335,15 +350,9 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     """Pure (no engine): the simulator predicts max_num_seqs -> capacity; the three best picks and the two
     baselines are queued best first, a baseline ahead of a pick it ties with, one predicted not to start last."""
     from autotune.study.baselines import BaselinePoint
-    from autotune.study.runner import SIM_QUEUED, StudyRun
-    from autotune.study.definition import load_study
-    from autotune.workload.source import LoadSteps
+    from autotune.study.runner import SIM_QUEUED
 
-    path = tmp_path / "s.toml"
-    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
-                                 kind="capacity", trials=10))
-    d = load_study(path)
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    run, _ = _study_run(tmp_path, tiny_model, trials=10)
     capacity = {2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}  # the space's grid: 2, 6, 20, 64 (log) x 0.85, 0.92
     run.predictor = lambda points: [_prediction(None if p["max_num_seqs"] == 3 else
                                                 capacity.get(p["max_num_seqs"], 0.5)) for p in points]
@@ -364,16 +373,9 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
 
 def test_a_builtin_baseline_that_runs_another_baselines_config_is_measured_once(tmp_path, tiny_model):
     from autotune.study.baselines import BaselinePoint
-    from autotune.study.runner import StudyRun
-    from autotune.study.definition import load_study
-    from autotune.workload.source import LoadSteps
 
-    path = tmp_path / "s.toml"
-    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
-                                 kind="capacity", trials=4))
-    d = load_study(path)
     said = []
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+    run, d = _study_run(tmp_path, tiny_model, trials=4, notice=said.append)
     own = d.baselines[0].name  # the study's own baseline (as production's would be): never dropped
     points = [BaselinePoint("vllm-defaults", {"max_num_seqs": 64}), BaselinePoint("xinference-4.1", {"max_num_seqs": 64}),
               BaselinePoint("xinference-legacy", {"max_num_seqs": 2}), BaselinePoint(own, {"max_num_seqs": 2}),
@@ -389,15 +391,7 @@ def test_a_builtin_baseline_that_runs_another_baselines_config_is_measured_once(
 def test_candidates_that_run_as_one_config_are_predicted_and_queued_once(tmp_path, tiny_model):
     """With the start-up model, a candidate runs at the highest utilization that starts: the two utilizations
     of each max_num_seqs are one config, so the three picks are three different configs."""
-    from autotune.study.runner import StudyRun
-    from autotune.study.definition import load_study
-    from autotune.workload.source import LoadSteps
-
-    path = tmp_path / "s.toml"
-    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
-                                 kind="capacity", trials=10))
-    d = load_study(path)
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    run, _ = _study_run(tmp_path, tiny_model, trials=10)
     asked = []
 
     def predictor(points):
@@ -419,16 +413,10 @@ def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_
     from autotune.engine.failures import Failure, FailureClass
     from autotune.measure.session import Outcome
     from autotune.study import runner
-    from autotune.study.definition import load_study
     from autotune.study.records import TrialRecord
     from autotune.study.lines import trial_line
-    from autotune.workload.source import LoadSteps
 
-    path = tmp_path / "s.toml"
-    path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
-                                 kind="capacity", trials=6))
-    d = load_study(path)
-    run = runner.StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds))
+    run, _ = _study_run(tmp_path, tiny_model, trials=6)
     run.startup = lambda values: None
     ran = []
 
