@@ -391,7 +391,8 @@ class StudyRun:
 
     def _queue_sim_picks(self, study: optuna.Study, _: FrozenTrial | None = None) -> None:
         """Queue the simulator's picks once no baseline is left to run (after each trial, too): a baseline that
-        an interrupted run queued again still runs before them."""
+        an interrupted run queued again still runs before them. Only for a study an older autotune began, which
+        kept its picks for after the baselines; ``simulate_first`` now queues them with the baselines at once."""
         if SIM_PICKS not in study.user_attrs or study.user_attrs.get(SIM_QUEUED):
             return
         pending = (TrialState.WAITING, TrialState.RUNNING)
