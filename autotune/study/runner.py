@@ -113,9 +113,7 @@ def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
 def simulator_misses(records: list[TrialRecord]) -> str | None:
     """Why the simulator's predictions cannot be trusted any more, or None: MISSES of the last MISS_WINDOW
     measured trials that carry a prediction made before they ran came out more than MISS_RATIO off it."""
-    judged = [r for r in records if r.state == TrialState.COMPLETE and r.capacity_rps > 0
-              and r.predicted_capacity_rps and r.same_config_as is None]
-    last = judged[-MISS_WINDOW:]
+    last = _predicted_and_measured(records)[-MISS_WINDOW:]
     off = [r for r in last if max(r.capacity_rps / r.predicted_capacity_rps,
                                   r.predicted_capacity_rps / r.capacity_rps) > MISS_RATIO]
     if len(last) < MISS_WINDOW or len(off) < MISSES:
@@ -125,13 +123,17 @@ def simulator_misses(records: list[TrialRecord]) -> str | None:
     return f"{len(off)} of its last {len(last)} predictions missed by more than {MISS_RATIO}x ({said})"
 
 
+def _predicted_and_measured(records: list[TrialRecord]) -> list[TrialRecord]:
+    """The trials that measured a capacity the simulator had predicted before they ran (not a copy of another's)."""
+    return [r for r in records if r.state == TrialState.COMPLETE and r.capacity_rps > 0 and r.predicted_capacity_rps
+            and r.same_config_as is None]
+
+
 def prediction_bias(records: list[TrialRecord]) -> float:
     """The median of measured / predicted capacity over the trials measured so far that had a prediction made before
     they ran (1.0 before any): a simulator off by the same factor on every config (a host slower than its profile)
     still ranks them right, and a load ladder that starts at its prediction should start where this host holds."""
-    ratios = [r.capacity_rps / r.predicted_capacity_rps for r in records
-              if r.state == TrialState.COMPLETE and r.capacity_rps > 0 and r.predicted_capacity_rps
-              and r.same_config_as is None]
+    ratios = [r.capacity_rps / r.predicted_capacity_rps for r in _predicted_and_measured(records)]
     return statistics.median(ratios) if ratios else 1.0
 
 
@@ -316,11 +318,12 @@ class StudyRun:
         defaults = {k: spec.get("default") for k, spec in self.space.engine.default_space(self.d.platform).items()}
         keys = [json.dumps([b.params, {k: v for k, v in b.extra_args.items() if k not in defaults or defaults[k] != v}],
                            sort_keys=True, default=str) for b in points]
+        owned = {k: b.name for b, k in zip(points, keys) if b.name in own}
+        first: dict[str, str] = {}  # config -> the first baseline that runs it
         kept = []
-        for n, b in enumerate(points):
-            twin = None if b.name in own else next(
-                (o.name for o, k in zip(points, keys) if o.name in own and k == keys[n]),
-                next((o.name for o, k in zip(points[:n], keys) if k == keys[n]), None))
+        for b, k in zip(points, keys):
+            twin = None if b.name in own else owned.get(k) or first.get(k)
+            first.setdefault(k, b.name)
             if twin is not None:
                 self.notice(f"baseline {b.name} runs the same config as baseline {twin}: measured once, as {twin}")
                 continue
@@ -425,11 +428,11 @@ class StudyRun:
         missed = simulator_misses(records)
         if missed:
             return self._stop_simulating(study, missed)
-        # what ran: a sampled trial at the utilization the rule moved it to (``Attr.UTILIZATION``)
-        measured = {tuple(sorted({**t.params, **({UTILIZATION: t.user_attrs[Attr.UTILIZATION]["runs"]}
-                                                  if Attr.UTILIZATION in t.user_attrs else {})}.items()))
-                    for t in trials if t.params}
-        measured |= {tuple(sorted(t.params.items())) for t in trials if t.params}
+        measured = set()
+        for t in (t for t in trials if t.params):
+            measured.add(tuple(sorted(t.params.items())))
+            if Attr.UTILIZATION in t.user_attrs:  # and what ran: at the utilization the rule moved it to
+                measured.add(tuple(sorted({**t.params, UTILIZATION: t.user_attrs[Attr.UTILIZATION]["runs"]}.items())))
         ranked = sorted((p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")),
                         key=lambda p: -p["capacity_rps"])
         left = [p["values"] for p in ranked if tuple(sorted(p["values"].items())) not in measured][:SIM_RERANK]
