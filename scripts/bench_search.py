@@ -21,7 +21,10 @@ The truth is not the guide. For each scenario (model, GPU, workload, SLOs) and s
      (found top down by failed starts), then max_num_seqs x max_num_batched_tokens in list order;
    - **bench sweep grid**: ``vllm bench sweep serve --serve-params`` with the staircase list of vLLM's docs
      (https://docs.vllm.ai/en/latest/benchmarking/sweeps/), continued over this space, at vLLM's defaults.
-3. **The score**: per run, the real trials and GPU-hours (start-ups, failed ones included, plus load steps,
+3. **The floor** (``--survey``): a search that knew each seed's drawn constants, but not each config's own
+   noise, would still have to measure configs until it met one within 95 % (``oracle_picks``). Where many
+   configs tie within the noise, that is several, whatever the search; it bounds what better ranking can win.
+4. **The score**: per run, the real trials and GPU-hours (start-ups, failed ones included, plus load steps,
    times the tensor-parallel GPUs) until a trial measures a config whose true capacity is within 95 % of the
    optimum; the median over seeds ("> N" when fewer than half the runs got there within the budget). The
    CPU seconds autotune's simulator spends between trials (its predictions, its refits, on this machine) are
@@ -33,8 +36,9 @@ points; block size stays at vLLM's default.
 
     .venv/bin/python scripts/bench_search.py --seeds 5                 # the README's table
     .venv/bin/python scripts/bench_search.py --scenario long-docs-32b-h100 --seeds 1 --strategy autotune -v
-    .venv/bin/python scripts/bench_search.py --survey                  # the truths only: defaults vs optimum, and
-                                                                       # the evidence for the utilization rule
+    .venv/bin/python scripts/bench_search.py --survey                  # the truths only: defaults vs optimum, the
+                                                                       # evidence for the utilization rule, and
+                                                                       # what an oracle of the constants needs
 """
 
 from __future__ import annotations
@@ -245,10 +249,11 @@ def truth_constants(sc: Scenario, seed: int) -> tuple[GpuProfile, FrontEnd]:
     return gpu, front
 
 
-def config_constants(sc: Scenario, seed: int, key: str) -> tuple[GpuProfile, FrontEnd]:
-    """The truth for one config: the seed's constants, all sped up or slowed down by the config's own noise."""
+def config_constants(sc: Scenario, seed: int, key: str, noise: bool = True) -> tuple[GpuProfile, FrontEnd]:
+    """The truth for one config: the seed's constants, all sped up or slowed down by the config's own noise
+    (without it: what an oracle of the seed's constants would predict, ``oracle_picks``)."""
     gpu, front = truth_constants(sc, seed)
-    speed = math.exp(float(_rng("noise", sc.name, seed, key).normal(0, NOISE)))
+    speed = math.exp(float(_rng("noise", sc.name, seed, key).normal(0, NOISE))) if noise else 1.0
     gpu = replace(gpu, **{k: min(getattr(gpu, k) * speed, 0.95) for k in _SHARES if getattr(gpu, k) is not None})
     gpu = replace(gpu, **{k: getattr(gpu, k) / speed for k in ("host_step_s", "host_seq_s", "allreduce_latency_s")})
     front = replace(front, **{k: getattr(front, k) / speed for k in FRONT_DRAWN})
@@ -264,9 +269,9 @@ def _steps(sc: Scenario) -> LoadSteps:
     return LoadSteps.of(base_workload(sc), STEP_S)
 
 
-def start_of(sc: Scenario, seed: int, key: str):
+def start_of(sc: Scenario, seed: int, key: str, noise: bool = True):
     """(SimConfig, start-up result, gpu, front) of the truth engine for a config."""
-    gpu, front = config_constants(sc, seed, key)
+    gpu, front = config_constants(sc, seed, key, noise)
     shape = model_shape(sc.model)
     config = SimConfig.from_args(json.loads(key), gpu, shape)
     return config, plan_startup(shape, gpu, config), gpu, front
@@ -281,10 +286,18 @@ def run_step(sc: Scenario, started: tuple, load: float, steps: LoadSteps, slos) 
 
 def true_capacity(job: tuple[Scenario, int, str]) -> dict[str, Any]:
     """A config's row of the truth: its start-up, and the highest load (req/s) meeting every SLO."""
+    return _capacity(*job, noise=True)
+
+
+def noise_free_capacity(job: tuple[Scenario, int, str]) -> dict[str, Any]:
+    """A config's row of the truth without the config's own noise: the seed's constants alone."""
+    return _capacity(*job, noise=False)
+
+
+def _capacity(sc: Scenario, seed: int, key: str, noise: bool) -> dict[str, Any]:
     from autotune.measure.slo import parse_slos
 
-    sc, seed, key = job
-    started = start_of(sc, seed, key)
+    started = start_of(sc, seed, key, noise)
     start = started[1]
     if start.plan is None:
         return {"starts": False, "start_s": start.seconds, "failure": start.failure[0][:200]}
@@ -298,22 +311,26 @@ def true_capacity(job: tuple[Scenario, int, str]) -> dict[str, Any]:
     return {"starts": True, "start_s": start.seconds, "capacity": 0.0 if k is None else sc.rate * 2 ** (k / GRID)}
 
 
-def truth_table(sc: Scenario, seed: int, jobs: int, fresh: bool = False) -> dict[str, dict[str, Any]]:
-    """Every grid config's true capacity for this seed (cached: bench/search-truth/SCENARIO-SEED.json)."""
-    path = ROOT / "bench" / "search-truth" / f"{sc.name}-{seed}.json"
+def truth_table(sc: Scenario, seed: int, jobs: int, fresh: bool = False,
+                noise: bool = True) -> dict[str, dict[str, Any]]:
+    """Every grid config's true capacity for this seed (cached: bench/search-truth/SCENARIO-SEED.json), or
+    without the per-config noise (SCENARIO-SEED-noise-free.json)."""
+    path = ROOT / "bench" / "search-truth" / f"{sc.name}-{seed}{'' if noise else '-noise-free'}.json"
     keys = grid_keys(sc)
-    stamp = {"sigma": SIGMA, "noise": NOISE, "grid": GRID, "max_requests": MAX_REQUESTS, "scenario": asdict(sc),
-             "truth": [asdict(c) for c in truth_constants(sc, seed)]}
+    stamp = {"sigma": SIGMA, "noise": NOISE if noise else 0.0, "grid": GRID, "max_requests": MAX_REQUESTS,
+             "scenario": asdict(sc), "truth": [asdict(c) for c in truth_constants(sc, seed)]}
     if path.exists() and not fresh:
         cached = json.loads(path.read_text())
         if cached.get("stamp") == json.loads(json.dumps(stamp)) and set(cached["rows"]) >= set(keys):
             return cached["rows"]
     t0 = time.monotonic()
     with multiprocessing.Pool(jobs) as pool:
-        rows = dict(zip(keys, pool.map(true_capacity, [(sc, seed, k) for k in keys], chunksize=2)))
+        rows = dict(zip(keys, pool.map(true_capacity if noise else noise_free_capacity,
+                                       [(sc, seed, k) for k in keys], chunksize=2)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=0, sort_keys=True))
-    print(f"  truth {sc.name} seed {seed}: {len(rows)} configs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    print(f"  truth {sc.name} seed {seed}{'' if noise else ' (noise-free)'}: {len(rows)} configs in "
+          f"{time.monotonic() - t0:.0f} s", file=sys.stderr)
     return rows
 
 
@@ -498,6 +515,80 @@ def to_target(trials: list[Trial], optimum: float) -> tuple[int | None, float | 
     return None, None
 
 
+def oracle_picks(table: dict[str, dict[str, Any]], noise_free: dict[str, dict[str, Any]]) -> float:
+    """The configs a search that knew this truth's constants (but not each config's own few-percent noise) would
+    measure, on average, until one is within TARGET of the optimum: it measures them in the order of their
+    noise-free capacity, ties in random order. No strategy that ranks by a model of the GPU can expect fewer,
+    however well calibrated; what is left is the noise, which only measuring finds. Exact: a tie of g configs
+    holding h hits costs (g + 1) / (h + 1) picks on average before and including the first hit."""
+    optimum = max(r.get("capacity", 0.0) for r in table.values())
+    ties: dict[float, list[bool]] = {}
+    for key, row in noise_free.items():
+        ties.setdefault(row.get("capacity", 0.0), []).append(table[key].get("capacity", 0.0) >= TARGET * optimum)
+    picks = 0.0
+    for capacity in sorted(ties, reverse=True):
+        g, h = len(ties[capacity]), sum(ties[capacity])
+        if h:
+            return picks + (g + 1) / (h + 1)
+        picks += g
+    return math.inf
+
+
+def shipped_capacity(job: tuple[Scenario, str]) -> float:
+    """The shipped simulator's predicted capacity (req/s) of a config: what autotune ranks by before it has
+    measured anything (sim/rank.SpaceSimulator with vllm-sim's own profile, as cli/calibrate.simulator_for builds
+    it on a host with no fit yet)."""
+    from autotune.measure.slo import parse_slos
+    from autotune.sim.rank import SpaceSimulator
+
+    sc, key = job
+    steps = _steps(sc)
+    sim = SpaceSimulator(model_shape(sc.model), gpu_profile(sc.gpu), lambda load: steps.repeated(load, MAX_REQUESTS),
+                         steps.base.rate, parse_slos(list(sc.slos)), front_end=API_SERVER)
+    return sim.one(json.loads(key)).capacity_rps or 0.0
+
+
+def shipped_table(sc: Scenario, jobs: int) -> dict[str, float]:
+    """Every grid config's shipped prediction (cached: bench/search-truth/SCENARIO-shipped.json, stamped with the
+    shipped constants, so a new calibration computes it again)."""
+    from autotune.sim import rank
+
+    path = ROOT / "bench" / "search-truth" / f"{sc.name}-shipped.json"
+    keys = grid_keys(sc)
+    stamp = json.loads(json.dumps({"scenario": asdict(sc), "gpu": asdict(gpu_profile(sc.gpu)),
+                                   "front": asdict(API_SERVER), "grid": rank.GRID, "max_requests": MAX_REQUESTS}))
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("stamp") == stamp and set(cached["rows"]) >= set(keys):
+            return cached["rows"]
+    with multiprocessing.Pool(jobs) as pool:
+        rows = dict(zip(keys, pool.map(shipped_capacity, [(sc, k) for k in keys], chunksize=2)))
+    path.write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=0, sort_keys=True))
+    return rows
+
+
+def shipped_tie(table: dict[str, dict[str, Any]], noise_free: dict[str, dict[str, Any]],
+                shipped: dict[str, float]) -> tuple[int, int, int]:
+    """How the shipped simulator's best tie sits in one truth: (its configs, those inside the truth's noise-free
+    best tie, those within TARGET of the truth's optimum). All of the first inside means the shipped calibration
+    picks as well as an oracle of the truth's constants; the hits among them are then the noise's draw."""
+    top = max(shipped.values())
+    tie = [k for k, c in shipped.items() if c >= top * (1 - 1e-9)]
+    best = max(r.get("capacity", 0.0) for r in noise_free.values())
+    optimum = max(r.get("capacity", 0.0) for r in table.values())
+    return (len(tie), sum(noise_free[k].get("capacity", 0.0) >= best * (1 - 1e-9) for k in tie),
+            sum(table[k].get("capacity", 0.0) >= TARGET * optimum for k in tie))
+
+
+def oracle_gpu_hours(sc: Scenario, table: dict[str, dict[str, Any]], picks: float) -> float:
+    """A floor under the GPU-hours of ``picks`` measured configs: each starts an engine (the grid's median
+    start-up) and runs one load step (a race lost at the incumbent's load), the first and the hit two (a capacity
+    needs a pass and a miss)."""
+    start = statistics.median(r["start_s"] for r in table.values() if r["starts"])
+    one = start + STEP_S + STOP_S
+    return sc.gpus * (picks * one + (STEP_S if picks <= 1 else 2 * STEP_S)) / 3600
+
+
 def utilization_rule(table: dict[str, dict[str, Any]]) -> tuple[float, tuple[int, int, int]]:
     """The evidence for the runner's rule "gpu_memory_utilization: the highest that starts" (issue 10, item 4),
     in one truth: (the best capacity left when every config runs at its highest utilization that starts, as a
@@ -535,6 +626,8 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", help="only these scenarios")
     ap.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these strategies")
     ap.add_argument("--survey", action="store_true", help="only the truth: defaults vs optimum per seed")
+    ap.add_argument("--shipped", action="store_true", help="with --survey: where the shipped simulator's best "
+                    "predicted configs sit in each truth (predicts the whole grid: minutes of CPU per scenario)")
     ap.add_argument("--json", type=Path, help="also write every run's trials here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print what autotune's runs say")
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
@@ -552,7 +645,7 @@ def main() -> int:
         print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, {sc.workload} at {sc.rate} req/s, SLOs "
               f"{', '.join(sc.slos)}", file=sys.stderr)
         results: dict[str, list[tuple[int | None, float | None]]] = {s: [] for s in STRATEGIES}
-        shares = []
+        shares, oracles = [], []
         for seed in range(a.seeds):
             table = truth_table(sc, seed, a.jobs, a.fresh)
             optimum = max(r.get("capacity", 0.0) for r in table.values())
@@ -566,6 +659,15 @@ def main() -> int:
             print(f"    at the highest utilization that starts: {kept:.1%} of the optimum left; of {both} utilization "
                   f"steps up, {better} hold at least as much, {worse} more than 10 % less", file=sys.stderr)
             if a.survey:
+                noise_free = truth_table(sc, seed, a.jobs, a.fresh, noise=False)
+                picks = oracle_picks(table, noise_free)
+                oracles.append((picks, oracle_gpu_hours(sc, table, picks)))
+                print(f"    an oracle of this truth's constants (not of each config's noise) measures {picks:.1f} "
+                      f"configs on average to reach 95 % (at least {oracles[-1][1]:.2f} GPU-hours)", file=sys.stderr)
+                if a.shipped:
+                    n, inside, hits = shipped_tie(table, noise_free, shipped_table(sc, a.jobs))
+                    print(f"    the shipped simulator's best: {n} configs tied, {inside} of them in this truth's "
+                          f"noise-free best, {hits} within 95 % of its optimum", file=sys.stderr)
                 continue
             for strategy in a.strategy or STRATEGIES:
                 t0 = time.monotonic()
@@ -579,6 +681,9 @@ def main() -> int:
                              "trials": [asdict(t) for t in gpu.trials]})
                 if a.json:  # after every run: a long benchmark stopped halfway keeps what it measured
                     a.json.write_text(json.dumps(dump, indent=1))
+        if oracles:
+            print(f"  the oracle's median: {statistics.median(o[0] for o in oracles):.1f} configs, at least "
+                  f"{statistics.median(o[1] for o in oracles):.2f} GPU-hours", file=sys.stderr)
         for strategy, hits in results.items():
             if hits:
                 rows.append((sc.name, f"{statistics.median(shares):.0%}", strategy,

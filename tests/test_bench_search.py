@@ -124,3 +124,59 @@ def test_a_table_from_several_run_files_takes_the_later_run_of_the_same_scenario
     assert rows == ["| s | 50% | autotune | 4 | 0.40 | 2/2 |",  # medians of (1, 7) and (0.1, 0.7)
                     "| s | 50% | TPE | > 15 trials | > 15 trials | 1/3 |"]  # two of three never got there
     assert len(json.loads(merged.read_text())) == 5
+
+
+def test_the_oracle_floor_counts_picks_in_noise_free_order_ties_in_random_order(bench):
+    def row(c):
+        return {"starts": True, "start_s": 60.0, "capacity": c}
+
+    # noisy truth: optimum 10 (config d); within 95 %: c (9.6) and d
+    table = {"a": row(9.0), "b": row(8.0), "c": row(9.6), "d": row(10.0), "e": row(9.0)}
+    # an oracle of the constants sees a alone on top, then b, c and d tied: a misses, then the tie of three holds
+    # two hits, (3 + 1) / (2 + 1) picks on average
+    noise_free = {"a": row(9.5), "b": row(9.0), "c": row(9.0), "d": row(9.0), "e": row(1.0)}
+    assert bench.oracle_picks(table, noise_free) == pytest.approx(1 + 4 / 3)
+    # the ranking found a hit first: one pick
+    assert bench.oracle_picks(table, {**noise_free, "d": row(9.9)}) == 1.0
+    # nothing the oracle ranks first holds a hit: every config of every tie above the first hit is paid for
+    assert bench.oracle_picks(table, {k: row(1.0) if k in "cd" else row(5.0) for k in table}) == pytest.approx(
+        3 + 3 / 3)
+
+
+def test_the_oracle_floors_gpu_hours_are_one_start_and_step_per_pick_and_one_more_step(bench):
+    sc = next(s for s in bench.SCENARIOS if s.tp == 4)
+    table = {"a": {"starts": True, "start_s": 40.0, "capacity": 1.0}, "b": {"starts": False, "start_s": 5.0}}
+    one = 40.0 + bench.STEP_S + bench.STOP_S
+    assert bench.oracle_gpu_hours(sc, table, 1.0) == pytest.approx(4 * (one + bench.STEP_S) / 3600)
+    assert bench.oracle_gpu_hours(sc, table, 3.0) == pytest.approx(4 * (3 * one + 2 * bench.STEP_S) / 3600)
+
+
+def test_the_noise_free_truth_is_the_seeds_constants_without_the_configs_own_noise(bench):
+    sc = next(s for s in bench.SCENARIOS if s.gpu == "h100-80gb")
+    k1, k2 = bench.grid_keys(sc)[:2]
+    seed_gpu, seed_front = bench.truth_constants(sc, 0)
+    assert bench.config_constants(sc, 0, k1, noise=False) == (seed_gpu, seed_front)
+    assert bench.config_constants(sc, 0, k1, noise=False) == bench.config_constants(sc, 0, k2, noise=False)
+    assert bench.config_constants(sc, 0, k1)[0] != seed_gpu
+
+
+def test_the_shipped_simulators_best_tie_is_placed_in_the_truth(bench):
+    def row(c):
+        return {"starts": True, "start_s": 60.0, "capacity": c}
+
+    table = {"a": row(10.0), "b": row(8.0), "c": row(9.6), "d": row(7.0)}  # hits: a, c
+    noise_free = {"a": row(9.0), "b": row(9.0), "c": row(8.5), "d": row(5.0)}  # the oracle's best: a, b
+    shipped = {"a": 3.0, "b": 3.0, "c": 3.0, "d": 2.9}  # the shipped best: a, b, c tied
+    assert bench.shipped_tie(table, noise_free, shipped) == (3, 2, 2)
+    assert bench.shipped_tie(table, noise_free, {**shipped, "d": 4.0}) == (1, 0, 0)  # a best of its own, a miss
+
+
+def test_the_shipped_prediction_is_the_products_simulator_on_the_scenarios_workload(bench):
+    from autotune.sim.rank import GRID
+
+    sc = next(s for s in bench.SCENARIOS if s.name == "long-docs-70b-tp4-h100")
+    capacity = bench.shipped_capacity((sc, bench.defaults_key(sc)))
+    # a capacity on the simulator's load grid (9 % apart) times the workload's own rate
+    k = GRID * math.log2(capacity / bench._steps(sc).base.rate)
+    assert capacity > 0 and k == pytest.approx(round(k), abs=1e-6)
+    assert bench.shipped_capacity((sc, bench.key_of(sc, {"gpu_memory_utilization": 0.3}))) == 0.0  # cannot start

@@ -260,8 +260,15 @@ def test_dry_run_count(capsys, study_file, n):
 
 def test_dry_run_still_prints_the_trials(capsys, study_file):
     assert main(["study", str(study_file()), "--dry-run", "2"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
     assert len(lines) == 2 and all("argv" in json.loads(x) for x in lines)
+    # a vLLM study simulates first where it can, and that reorders the trials: the dry run says it does not
+    assert "a dry run does not compute" in out.err
+    path = study_file()
+    path.write_text(path.read_text().replace("[workload]", "[objective]\nsimulate_first = false\n[workload]"))
+    assert main(["study", str(path), "--dry-run", "2"]) == 0
+    assert "dry run does not" not in capsys.readouterr().err
 
 
 # --- the boundary itself -----------------------------------------------------------------------------

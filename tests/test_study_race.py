@@ -352,7 +352,8 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     from autotune.study.baselines import BaselinePoint
     from autotune.study.runner import SIM_QUEUED
 
-    run, _ = _study_run(tmp_path, tiny_model, trials=10)
+    said = []
+    run, _ = _study_run(tmp_path, tiny_model, trials=10, notice=said.append)
     capacity = {2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}  # the space's grid: 2, 6, 20, 64 (log) x 0.85, 0.92
     run.predictor = lambda points: [_prediction(None if p["max_num_seqs"] == 3 else
                                                 capacity.get(p["max_num_seqs"], 0.5)) for p in points]
@@ -368,6 +369,11 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     assert order[3] == (None, 20, 6.0)  # ... then the pick it ties with (the other utilization)
     assert order[4] == ("broken", 3, None)  # predicted not to start: last
     assert len(order) == 5 and study.user_attrs[SIM_QUEUED] is True
+    # the console says the simulator cannot rank the two configs it predicts at the best
+    assert any("best predicted 9.00 req/s, 2 configs tied there" in line for line in said), said
+    from autotune.study.runner import _ties
+
+    assert _ties([(9.0, {}), (8.9, {})]) == ""  # a best of its own: nothing to say
     assert run.simulate_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
 
 

@@ -174,6 +174,10 @@ def cmd_study(a: argparse.Namespace) -> int:
 
         for line in dry_run(d, table, a.dry_run):
             print(json.dumps(line))
+        if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
+            print("autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
+                  "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
+                  "compute", file=sys.stderr)
         return EXIT_OK
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
