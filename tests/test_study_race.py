@@ -24,11 +24,13 @@ def test_a_race_starts_at_the_incumbent_and_ends_at_its_first_miss():
     race = Race(3.0, max_steps=4, resolution=1.25)
     assert race.next_load([]) == 3.0
     assert race.next_load([(3.0, False)]) is None and Race.lost([(3.0, False)])  # missed where the incumbent holds
-    # held: gallops on, one resolution up, then the stride squared (a challenger is seldom far above the incumbent)
+    # held: gallops on, one resolution up, again, then the stride squared (a challenger is seldom far above the
+    # incumbent)
     assert race.next_load([(3.0, True)]) == pytest.approx(3.75) and not Race.lost([(3.0, True)])
     assert race.next_load([(3.0, True), (3.75, False)]) is None  # bracketed to the resolution in two steps
-    assert race.next_load([(3.0, True), (3.75, True)]) == pytest.approx(3.75 * 1.25 ** 2)
-    assert race.next_load([(3.0, True), (3.75, True), (5.86, False)]) == pytest.approx((3.75 * 5.86) ** 0.5)
+    assert race.next_load([(3.0, True), (3.75, True)]) == pytest.approx(3.75 * 1.25)
+    assert race.next_load([(3.0, True), (3.75, True), (4.6875, False)]) is None  # 1.25-1.56x above: three
+    assert race.next_load([(3.0, True), (3.75, True), (4.6875, True)]) == pytest.approx(4.6875 * 1.25 ** 2)
     assert race.next_load([(3.0, True), (3.75, True), (5.86, True), (14.3, True)]) is None  # max_steps
     # what the ladder would have done from the bottom, for the same config: several steps below the incumbent
     assert Ladder(1.0).next_load([(1.0, True)]) == 2.0

@@ -10,10 +10,12 @@ next load, or None when the measurement is complete. Profiles are pure: no engin
   miss, then bisects (geometrically) between the last pass and the first miss, until the two
   are within ``resolution`` of each other or ``max_steps`` steps are spent. A ladder that starts
   at a load believed to be near the capacity (the simulator's prediction) *gallops* instead:
-  its first stride is the resolution itself, and each further stride in the same direction is
-  the last one squared (1.25x, 1.56x, 2.44x, ...), so a start within the resolution of the
-  capacity brackets it in two steps, where doubling needs four to narrow a 2x bracket to 1.25x,
-  and a start far off still reaches 4.8x away within four steps.
+  its first two strides are the resolution itself, and each further stride in the same
+  direction is the last one squared (1.25x, 1.25x, 1.56x, 2.44x, ...). A start within the
+  resolution of the capacity brackets it in two steps, where doubling needs four to narrow a 2x
+  bracket to 1.25x; one within twice the resolution (1.25-1.56x off, the commonest miss of a
+  guess that is roughly right) in three, where squaring from the first stride took four; a start
+  far off still reaches 2.4x away within four steps.
 - ``Race``: a challenger's capacity search against the incumbent (the best capacity so far):
   its first step is the incumbent's load, and a miss there ends it, since a config that misses
   where the incumbent holds cannot win; a pass gallops on from there (a challenger worth
@@ -57,7 +59,7 @@ class Ladder(LoadProfile):
     start: float = 1.0
     max_steps: int = 4
     resolution: float = 1.25  # stop when the failing load is within this factor of the passing one
-    gallop: bool = False  # the start is a guess of the capacity: strides from the resolution up, not doubling
+    gallop: bool = False  # the start is a guess of the capacity: strides of the resolution, then up, not doubling
 
     def next_load(self, tried: Tried) -> float | None:
         return next_load(tried, self.start, self.max_steps, self.resolution, self.gallop)
@@ -90,8 +92,9 @@ def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gal
     failed = [load for load, ok in tried if not ok]
     hi_pass = max(passed) if passed else None
     lo_fail = min(failed) if failed else None
-    # every step so far on one side of the capacity: stride away from it, doubling or galloping
-    stride = resolution ** (2 ** (len(tried) - 1)) if gallop else 2.0
+    # every step so far on one side of the capacity: stride away from it, doubling or galloping (the resolution
+    # twice, then squared: a guess off by 1.25-1.56x is bracketed in three steps, not four)
+    stride = resolution ** (2 ** max(0, len(tried) - 2)) if gallop else 2.0
     if lo_fail is None:
         return hi_pass * stride
     if hi_pass is None:
