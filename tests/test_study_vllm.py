@@ -109,7 +109,11 @@ def test_study_finds_a_config_that_beats_the_poor_baseline(finished_study):
     # not "gain > spread": with two repeats on a shared 2-core VM one stalled run sets the spread
     # (seen: 25.4 and 7.7 req/s for the same config); the spread rule has its own unit tests
     assert re["winner"] != "baseline max-num-seqs-8"
-    assert winner["median"] > poor, (winner, poor)
+    # against the poor baseline's own re-measurement where it has one (the best baseline is re-measured): that
+    # runs interleaved with the winner's, while its trial ran minutes earlier, and on this shared VM one config
+    # has measured 5.09 req/s in its trial and 1.27 in both re-measurements, under another tenant's load
+    again = next((c for c in re["candidates"] if c["label"] == "baseline max-num-seqs-8"), None)
+    assert winner["median"] > (poor if again is None else again["median"]), (winner, poor, again)
 
     best = (runs / "tiny-real" / "best.yaml").read_text()
     assert "max-num-seqs:" in best and "model:" in best
