@@ -140,20 +140,18 @@ def test_load_ladder_doubles_halves_and_bisects():
 
 
 def test_a_ladder_that_starts_at_a_guess_gallops_from_the_resolution():
-    """A ladder started at a predicted capacity strides by the resolution twice, then by its square (on the side
-    the steps so far fell), and bisects once it has a pass and a miss, as the doubling ladder does."""
+    """A ladder started at a predicted capacity strides by the resolution, then by its square, its fourth power
+    (on the side the steps so far fell), and bisects once it has a pass and a miss, as the doubling ladder does."""
     guided = Ladder(2.0, 4, 1.25, gallop=True)
     assert guided.next_load([]) == 2.0
     assert guided.next_load([(2.0, True)]) == pytest.approx(2.5)
     assert guided.next_load([(2.0, True), (2.5, False)]) is None  # within the resolution: known in two steps
     assert guided.next_load([(2.0, False)]) == pytest.approx(1.6)
     assert guided.next_load([(2.0, False), (1.6, True)]) is None
-    assert guided.next_load([(2.0, False), (1.6, False)]) == pytest.approx(1.28)
-    assert guided.next_load([(2.0, False), (1.6, False), (1.28, True)]) is None  # 1.25-1.56x off: three steps
-    assert guided.next_load([(2.0, False), (1.6, False), (1.28, False)]) == pytest.approx(1.28 / 1.25 ** 2)
-    assert guided.next_load([(2.0, True), (2.5, True)]) == pytest.approx(3.125)
-    assert guided.next_load([(2.0, True), (2.5, True), (3.125, True)]) == pytest.approx(3.125 * 1.25 ** 2)
-    assert guided.next_load([(2.0, True), (2.5, True), (4.9, False)]) == pytest.approx((2.5 * 4.9) ** 0.5)
+    assert guided.next_load([(2.0, False), (1.6, False)]) == pytest.approx(1.6 / 1.25 ** 2)
+    assert guided.next_load([(2.0, False), (1.6, False), (1.024, False)]) == pytest.approx(1.024 / 1.25 ** 4)
+    assert guided.next_load([(2.0, True), (2.5, True)]) == pytest.approx(2.5 * 1.25 ** 2)
+    assert guided.next_load([(2.0, True), (2.5, True), (3.9, False)]) == pytest.approx((2.5 * 3.9) ** 0.5)
     assert guided.next_load([(2.0, True)] * 4) is None  # budget spent
     # the same start, doubling: four steps to narrow what the gallop knew after two
     assert Ladder(2.0, 4, 1.25).next_load([(2.0, True)]) == 4.0

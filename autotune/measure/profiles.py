@@ -10,16 +10,18 @@ next load, or None when the measurement is complete. Profiles are pure: no engin
   miss, then bisects (geometrically) between the last pass and the first miss, until the two
   are within ``resolution`` of each other or ``max_steps`` steps are spent. A ladder that starts
   at a load believed to be near the capacity (the simulator's prediction) *gallops* instead:
-  its first two strides are the resolution itself, and each further stride in the same
-  direction is the last one squared (1.25x, 1.25x, 1.56x, 2.44x, ...). A start within the
-  resolution of the capacity brackets it in two steps, where doubling needs four to narrow a 2x
-  bracket to 1.25x; one within twice the resolution (1.25-1.56x off, the commonest miss of a
-  guess that is roughly right) in three, where squaring from the first stride took four; a start
-  far off still reaches 2.4x away within four steps.
+  its first stride is the resolution itself, and each further stride in the same direction is
+  the last one squared (1.25x, 1.56x, 2.44x, ...), so a start within the resolution of the
+  capacity brackets it in two steps, where doubling needs four to narrow a 2x bracket to 1.25x,
+  and a start far off still reaches 4.8x away within four steps (a first guess on a host the
+  simulator has not seen yet can be that far off, and a ladder that never passes says nothing).
 - ``Race``: a challenger's capacity search against the incumbent (the best capacity so far):
   its first step is the incumbent's load, and a miss there ends it, since a config that misses
-  where the incumbent holds cannot win; a pass gallops on from there (a challenger worth
-  measuring is seldom far above the incumbent).
+  where the incumbent holds cannot win. Its start is a measurement, not a guess, and a
+  challenger worth racing is seldom far above it, so a pass climbs by the resolution twice
+  before it gallops (1.25x, 1.25x, 1.56x): a challenger 1.25-1.56x above the incumbent is
+  bracketed in three steps, not four; one 1.56-2.44x above ends after four bracketed to 1.56x
+  (the capacity is the highest load that held, as always).
 
 Adding a profile (a fixed-rate sweep) is one subclass here.
 """
@@ -59,7 +61,7 @@ class Ladder(LoadProfile):
     start: float = 1.0
     max_steps: int = 4
     resolution: float = 1.25  # stop when the failing load is within this factor of the passing one
-    gallop: bool = False  # the start is a guess of the capacity: strides of the resolution, then up, not doubling
+    gallop: bool = False  # the start is a guess of the capacity: strides from the resolution up, not doubling
 
     def next_load(self, tried: Tried) -> float | None:
         return next_load(tried, self.start, self.max_steps, self.resolution, self.gallop)
@@ -74,7 +76,7 @@ class Race(LoadProfile):
     def next_load(self, tried: Tried) -> float | None:
         if self.lost(tried):
             return None  # missed where the incumbent holds: whatever it reaches lower, it cannot win
-        return next_load(tried, self.incumbent, self.max_steps, self.resolution, gallop=True)
+        return next_load(tried, self.incumbent, self.max_steps, self.resolution, gallop=True, level_strides=2)
 
     @staticmethod
     def lost(tried: Tried) -> bool:
@@ -82,8 +84,10 @@ class Race(LoadProfile):
         return bool(tried) and not tried[0][1]
 
 
-def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gallop: bool = False) -> float | None:
-    """The ladder's next load, or None when the capacity is known well enough."""
+def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gallop: bool = False,
+              level_strides: int = 1) -> float | None:
+    """The ladder's next load, or None when the capacity is known well enough. A gallop strides by the resolution
+    ``level_strides`` times before each stride squares the last."""
     if len(tried) >= max_steps:
         return None
     if not tried:
@@ -92,9 +96,8 @@ def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gal
     failed = [load for load, ok in tried if not ok]
     hi_pass = max(passed) if passed else None
     lo_fail = min(failed) if failed else None
-    # every step so far on one side of the capacity: stride away from it, doubling or galloping (the resolution
-    # twice, then squared: a guess off by 1.25-1.56x is bracketed in three steps, not four)
-    stride = resolution ** (2 ** max(0, len(tried) - 2)) if gallop else 2.0
+    # every step so far on one side of the capacity: stride away from it, doubling or galloping
+    stride = resolution ** (2 ** max(0, len(tried) - level_strides)) if gallop else 2.0
     if lo_fail is None:
         return hi_pass * stride
     if hi_pass is None:
