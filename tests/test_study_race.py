@@ -352,7 +352,7 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     """Pure (no engine): the simulator predicts max_num_seqs -> capacity; the three best picks and the two
     baselines are queued best first, a baseline ahead of a pick it ties with, one predicted not to start last."""
     from autotune.study.baselines import BaselinePoint
-    from autotune.study.runner import SIM_QUEUED
+    from autotune.study.runner import SIM_QUEUED, _ties
 
     said = []
     run, _ = _study_run(tmp_path, tiny_model, trials=10, notice=said.append)
@@ -373,8 +373,6 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     assert len(order) == 5 and study.user_attrs[SIM_QUEUED] is True
     # the console says the simulator cannot rank the two configs it predicts at the best
     assert any("best predicted 9.00 req/s, 2 configs tied there" in line for line in said), said
-    from autotune.study.runner import _ties
-
     assert _ties([(9.0, {}), (8.9, {})]) == ""  # a best of its own: nothing to say
     assert run.simulate_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
 

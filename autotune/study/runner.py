@@ -141,7 +141,7 @@ def _ties(ranked: list[tuple[float, dict[str, Any]]]) -> str:
     """What the console says of configs predicted at the best capacity: the simulator's loads are 9 % apart, so
     they are a tie it cannot break, and only measuring them ranks them (on scripts/bench_search.py's TP-4 70B
     truths, a search that knew the truth's constants but not each config's few-percent noise would still
-    measure 1.4 to 9 configs to reach 95 % of the optimum: README, "Measured")."""
+    measure a median of 3.4 and 9.1 configs to reach 95 % of the optimum: README, "Measured")."""
     tied = sum(1 for c, _ in ranked if c >= ranked[0][0] * (1 - 1e-9))
     return f", {tied} configs tied there (within the simulator's resolution: measuring ranks them)" if tied > 1 else ""
 
