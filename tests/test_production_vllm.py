@@ -186,17 +186,23 @@ def test_the_served_max_num_seqs_is_the_published_one(production):
     The waiting is read from the server's own queue-time histogram, not from gauge samples: on two
     shared cores a scrape can take a second, so a sampled gauge may never catch the slots full."""
     target, url, log, _ = production
-    n = 8
-    body = {"model": target.model, "prompt": PROMPT, "max_tokens": 192, "ignore_eos": True, "temperature": 0}
+    n, tokens = 8, 768
+    body = {"model": target.model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
     errors: list[str] = []
+    # all 8 sent at once, each long enough to outlast a slow start: with a client built per request after its
+    # thread started, on two busy cores, 192-token requests of 0.6 s each arrived one after another and none
+    # ever waited (CI: queue time 0.0002 s in all)
+    together = threading.Barrier(n)
 
     def one() -> None:
-        try:
-            r = httpx.post(url + "/v1/completions", json=body, timeout=300)
-            if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != 192:
-                errors.append(r.text[:300])
-        except httpx.HTTPError as e:
-            errors.append(repr(e))
+        with httpx.Client(timeout=300, trust_env=False) as c:
+            together.wait()
+            try:
+                r = c.post(url + "/v1/completions", json=body)
+                if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != tokens:
+                    errors.append(r.text[:300])
+            except httpx.HTTPError as e:
+                errors.append(repr(e))
 
     threads = [threading.Thread(target=one) for _ in range(n)]
     running = []
