@@ -319,18 +319,31 @@ def truth_table(sc: Scenario, seed: int, jobs: int, fresh: bool = False,
     keys = grid_keys(sc)
     stamp = {"sigma": SIGMA, "noise": NOISE if noise else 0.0, "grid": GRID, "max_requests": MAX_REQUESTS,
              "scenario": asdict(sc), "truth": [asdict(c) for c in truth_constants(sc, seed)]}
+
+    def compute() -> dict[str, dict[str, Any]]:
+        t0 = time.monotonic()
+        with multiprocessing.Pool(jobs) as pool:
+            rows = dict(zip(keys, pool.map(true_capacity if noise else noise_free_capacity,
+                                           [(sc, seed, k) for k in keys], chunksize=2)))
+        print(f"  truth {sc.name} seed {seed}{'' if noise else ' (noise-free)'}: {len(rows)} configs in "
+              f"{time.monotonic() - t0:.0f} s", file=sys.stderr)
+        return rows
+
+    return _cached_rows(path, stamp, keys, compute, fresh)
+
+
+def _cached_rows(path: Path, stamp: dict[str, Any], keys: list[str], compute: Callable[[], dict[str, Any]],
+                 fresh: bool = False) -> dict[str, Any]:
+    """A table of rows per grid key, from ``path`` where its stamp (what the rows were computed from) matches and
+    it holds every key, else computed and written there."""
+    stamp = json.loads(json.dumps(stamp))  # as it reads back (tuples become lists)
     if path.exists() and not fresh:
         cached = json.loads(path.read_text())
-        if cached.get("stamp") == json.loads(json.dumps(stamp)) and set(cached["rows"]) >= set(keys):
+        if cached.get("stamp") == stamp and set(cached["rows"]) >= set(keys):
             return cached["rows"]
-    t0 = time.monotonic()
-    with multiprocessing.Pool(jobs) as pool:
-        rows = dict(zip(keys, pool.map(true_capacity if noise else noise_free_capacity,
-                                       [(sc, seed, k) for k in keys], chunksize=2)))
+    rows = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=0, sort_keys=True))
-    print(f"  truth {sc.name} seed {seed}{'' if noise else ' (noise-free)'}: {len(rows)} configs in "
-          f"{time.monotonic() - t0:.0f} s", file=sys.stderr)
     return rows
 
 
@@ -555,16 +568,14 @@ def shipped_table(sc: Scenario, jobs: int) -> dict[str, float]:
 
     path = ROOT / "bench" / "search-truth" / f"{sc.name}-shipped.json"
     keys = grid_keys(sc)
-    stamp = json.loads(json.dumps({"scenario": asdict(sc), "gpu": asdict(gpu_profile(sc.gpu)),
-                                   "front": asdict(API_SERVER), "grid": rank.GRID, "max_requests": MAX_REQUESTS}))
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("stamp") == stamp and set(cached["rows"]) >= set(keys):
-            return cached["rows"]
-    with multiprocessing.Pool(jobs) as pool:
-        rows = dict(zip(keys, pool.map(shipped_capacity, [(sc, k) for k in keys], chunksize=2)))
-    path.write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=0, sort_keys=True))
-    return rows
+    stamp = {"scenario": asdict(sc), "gpu": asdict(gpu_profile(sc.gpu)), "front": asdict(API_SERVER),
+             "grid": rank.GRID, "max_requests": MAX_REQUESTS}
+
+    def compute() -> dict[str, float]:
+        with multiprocessing.Pool(jobs) as pool:
+            return dict(zip(keys, pool.map(shipped_capacity, [(sc, k) for k in keys], chunksize=2)))
+
+    return _cached_rows(path, stamp, keys, compute)
 
 
 def shipped_tie(table: dict[str, dict[str, Any]], noise_free: dict[str, dict[str, Any]],

@@ -126,10 +126,12 @@ def test_a_table_from_several_run_files_takes_the_later_run_of_the_same_scenario
     assert len(json.loads(merged.read_text())) == 5
 
 
-def test_the_oracle_floor_counts_picks_in_noise_free_order_ties_in_random_order(bench):
-    def row(c):
-        return {"starts": True, "start_s": 60.0, "capacity": c}
+def row(c):
+    """A truth table's row of a config that starts and holds ``c`` req/s."""
+    return {"starts": True, "start_s": 60.0, "capacity": c}
 
+
+def test_the_oracle_floor_counts_picks_in_noise_free_order_ties_in_random_order(bench):
     # noisy truth: optimum 10 (config d); within 95 %: c (9.6) and d
     table = {"a": row(9.0), "b": row(8.0), "c": row(9.6), "d": row(10.0), "e": row(9.0)}
     # an oracle of the constants sees a alone on top, then b, c and d tied: a misses, then the tie of three holds
@@ -161,9 +163,6 @@ def test_the_noise_free_truth_is_the_seeds_constants_without_the_configs_own_noi
 
 
 def test_the_shipped_simulators_best_tie_is_placed_in_the_truth(bench):
-    def row(c):
-        return {"starts": True, "start_s": 60.0, "capacity": c}
-
     table = {"a": row(10.0), "b": row(8.0), "c": row(9.6), "d": row(7.0)}  # hits: a, c
     noise_free = {"a": row(9.0), "b": row(9.0), "c": row(8.5), "d": row(5.0)}  # the oracle's best: a, b
     shipped = {"a": 3.0, "b": 3.0, "c": 3.0, "d": 2.9}  # the shipped best: a, b, c tied
