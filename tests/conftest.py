@@ -10,12 +10,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """The tiny random-weight Llama (no hub: local text, random weights), built once per run under pytest's
-    temp dir (~10 s); AUTOTUNE_TINY_MODEL names a kept one instead (built there if missing)."""
+    """The tiny random-weight Llama (no hub: local text, random weights), built once per run (~10 s) under the
+    run's temp dir, which pytest-xdist's workers share: the first to need it builds it, the others wait on the
+    lock and find it built. AUTOTUNE_TINY_MODEL names a kept one instead (built there if missing)."""
+    import fcntl
+
+    run_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_dir = run_dir.parent  # each worker's basetemp is a folder of the run's
     kept = os.environ.get("AUTOTUNE_TINY_MODEL")
-    path = Path(kept) if kept else tmp_path_factory.mktemp("models") / "tiny-llama"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)], check=True,
-                   stdout=subprocess.DEVNULL)
+    path = Path(kept) if kept else run_dir / "models" / "tiny-llama"
+    with open(run_dir / "tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        # the script leaves a complete model as it is: only the first worker builds
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)], check=True,
+                       stdout=subprocess.DEVNULL)
     return path
 
 
@@ -75,12 +84,31 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
             break
 
 
+# Ports for the tests' servers, from a block of their worker's own below the kernel's ephemeral range (where
+# bind(0) and outgoing connections take theirs; 32768 and up on Linux), each handed out once per run: with
+# workers side by side, a port one test leaves unbound on purpose ("nothing listens there") is not another
+# worker's server a moment later, and two tests never draw the same port.
+_PORT_BLOCK = 1000
+_PORT_BASE = 20000
+_ports_given = 0
+
+
 def free_port() -> int:
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    global _ports_given
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    start = _PORT_BASE + (worker % 12) * _PORT_BLOCK
+    while _ports_given < _PORT_BLOCK:
+        port = start + _ports_given
+        _ports_given += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # held by something outside this run
+                continue
+            return port
+    raise RuntimeError(f"this worker gave out all {_PORT_BLOCK} ports of its block from {start}")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +140,43 @@ def vllm_sim(tiny_model, tmp_path_factory):
         yield url
     finally:
         stop_group(proc, grace=5.0)
+
+
+# -- the run spread over pytest-xdist's workers ---------------------------------------------------------
+
+# Real engines (vLLM, Xinference) take both cores while they start and serve: they run one at a time, on one
+# worker, and first, since together they are the run's longest line. The other workers run the rest, tests that
+# start nothing or start light processes (vllm-sim, nginx, PostgreSQL, the daemon), whose wall time is mostly
+# waiting. A module-scoped fixture (a finished study, a running server) is paid once per worker that runs one of
+# its module's tests, so such a module's tests stay together.
+SERIAL_MARKS = ("engine", "xinference")
+ENGINE_GROUP = "real-engines"
+
+
+def _shares_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+        elif _shares_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda i: not any(i.get_closest_marker(m) for m in SERIAL_MARKS))  # stable: otherwise as collected
+
+
+def pytest_collection_finish(session):
+    """Under --dist loadgroup a group is read from the test's id: an id without it would let two real engines run
+    side by side, slowly and flakily, without a word. Say so instead."""
+    if not session.config.getoption("loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest and "
+                                "pytest-xdist do not work together (pytest-dev/pytest-xdist#1386); install .[test]")
 
 
 # -- no process outlives the run ----------------------------------------------------------------------

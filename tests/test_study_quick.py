@@ -1,7 +1,9 @@
 """`autotune study --model M --slo ...` without a file, `autotune init`, and what a study shows while it runs.
 
 The file-free study runs for real against vllm-sim (a simulated H100, so the default CUDA space
-applies): it writes runs/<name>/study.toml, and that file reruns the same study. The console is
+applies): it writes runs/<name>/study.toml, and that file reruns the same study. It tunes for a recorded
+trace of short chats (``--workload``, as after ``autotune capture``): vllm-sim serves in real time, and
+16-token answers keep each load step about a second long where the synthetic chat's 100-400 take ten. The console is
 checked three ways: plain lines (a pipe, as under journald), JSON lines (--json), and a real
 terminal (a pty, where the live footer draws).
 """
@@ -27,8 +29,19 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # a shape vllm-sim knows; prompts ar
 
 
 def request(tiny_model, port, *more):
+    """The synthetic chat at 4 requests/s: what `autotune init` writes and the one-line errors read."""
     return ["--model", MODEL, "--engine-cmd", SIM, "--tokenizer", str(tiny_model), "--slo", "ttft<800ms",
             "--slo", "tpot<60ms", "--rate", "4", "--requests", "8", "--port", str(port), *more]
+
+
+def traced(tiny_model, cwd, port, *more):
+    """A file-free study of a recorded trace in ``cwd``: eight short chats at 4 requests/s."""
+    trace = Path(cwd) / "chat.jsonl"
+    if not trace.exists():
+        trace.write_text("".join(json.dumps({"arrival_s": i / 4, "prompt_tokens": 64 + 8 * i, "output_tokens": 16,
+                                             "api": "chat"}) + "\n" for i in range(8)))
+    return ["--model", MODEL, "--engine-cmd", SIM, "--tokenizer", str(tiny_model), "--slo", "ttft<800ms",
+            "--slo", "tpot<60ms", "--workload", str(trace), "--port", str(port), *more]
 
 
 def autotune(cwd, *args, timeout=300):
@@ -95,7 +108,7 @@ def plain_run(tmp_path_factory, tiny_model):
     """A three-trial file-free study, its output piped (as under journald)."""
     cwd = tmp_path_factory.mktemp("plain")
     port = free_port()
-    r = autotune(cwd, "study", *request(tiny_model, port, "--trials", "3", "--no-remeasure"))
+    r = autotune(cwd, "study", *traced(tiny_model, cwd, port, "--trials", "3", "--no-remeasure"))
     return cwd, port, r
 
 
@@ -134,18 +147,18 @@ def test_the_written_file_reruns_the_same_study(plain_run, tiny_model):
     best = json.loads((cwd / "runs" / "Llama-3.1-8B-Instruct-chat" / "best.json").read_text())
     assert f"best config of trial {best['trial']}," in (cwd / "runs/Llama-3.1-8B-Instruct-chat/best.yaml").read_text()
     # the same flags again find the same study and resume it; the file's dry run is the flags' dry run
-    again = autotune(cwd, "study", *request(tiny_model, port, "--trials", "3", "--dry-run", "2"))
+    again = autotune(cwd, "study", *traced(tiny_model, cwd, port, "--trials", "3", "--dry-run", "2"))
     from_file = autotune(cwd, "study", path, "--dry-run", "2")
     assert again.returncode == 0 and from_file.returncode == 0, again.stderr + from_file.stderr
     assert "autotune: resuming" in again.stderr
     assert again.stdout == from_file.stdout and again.stdout.count("\n") == 2
     # other flags under the same name: one line, nothing overwritten
-    other = autotune(cwd, "study", *request(tiny_model, port, "--trials", "5"))
+    other = autotune(cwd, "study", *traced(tiny_model, cwd, port, "--trials", "5"))
     assert other.returncode == 2 and "holds another study named" in other.stderr, other.stderr
 
 
 def test_json_lines_are_the_only_stdout(tmp_path, tiny_model):
-    r = autotune(tmp_path, "study", *request(tiny_model, free_port(), "--trials", "2", "--no-remeasure", "--json"))
+    r = autotune(tmp_path, "study", *traced(tiny_model, tmp_path, free_port(), "--trials", "2", "--no-remeasure", "--json"))
     assert r.returncode == 0, r.stderr[-3000:]
     events = [json.loads(line) for line in r.stdout.splitlines()]  # every line parses
     assert [e["event"] for e in events] == ["trial", "trial", "result"]
@@ -163,7 +176,7 @@ def test_a_terminal_gets_the_live_footer(tmp_path, tiny_model):
     env = {**os.environ, "AUTOTUNE_STATE_DIR": str(tmp_path / "state"), "TERM": "xterm", "COLUMNS": "200"}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "study",
-                             *request(tiny_model, free_port(), "--trials", "2", "--no-remeasure")],
+                             *traced(tiny_model, tmp_path, free_port(), "--trials", "2", "--no-remeasure")],
                             cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
     os.close(slave)
     seen = b""

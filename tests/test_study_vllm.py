@@ -5,6 +5,8 @@ Slow (several engine starts); marked ``engine`` and run in CI.
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -16,14 +18,16 @@ from optuna.trial import TrialState
 
 from tests.conftest import free_port, stop_group
 
-# the study below runs ~10 engine starts; on a busy 2-core host that takes longer than the default 600 s
+# the study below runs six or seven engine starts; on a busy 2-core host that can take longer than the default 600 s
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 STUDY = """
 name = "tiny-real"
 # TTFT with headroom: this shared 2-core VM stalls for ~0.5 s now and then; queueing (the
-# poor baseline's failure mode) grows without bound and still fails it clearly
-slos = ["ttft<1s", "tpot<50ms"]
+# poor baseline's failure mode) grows without bound and still fails it clearly. TPOT is loose on
+# purpose: 128 streams on a starved core miss a tight TPOT that 8 meet (seen: the defaults 2.89
+# req/s, 8 slots 5.79, tpot<50ms, beside other tests), a real trade-off that would decide the test
+slos = ["ttft<1s", "tpot<500ms"]
 seed = 3
 precheck = false        # let the 32 MiB candidate reach vLLM: a real oom, not the pre-check's
 storage = "sqlite:///{runs}/studies.db"
@@ -51,15 +55,15 @@ kv_cache_memory_bytes = {{ type = "categorical", choices = [33554432, 268435456]
 [workload]
 scenario = "high-concurrency"
 rate = 12
-requests = 96
+requests = 64
 prompt_tokens = [32, 64]
 output_tokens = [96, 128]   # long enough that requests overlap and max_num_seqs binds
 
 [objective]
-max_steps = 4
+max_steps = 3
 
 [budget]
-trials = 5
+trials = 4              # the three baselines and one sampled config
 
 [baselines]
 builtin = ["vllm-defaults"]
@@ -87,11 +91,11 @@ def finished_study(tmp_path_factory, tiny_model, vllm_command, engine_env):
     return r, study, runs, path
 
 
-def test_study_finds_a_config_that_beats_the_poor_baseline(finished_study):
+def test_a_study_beats_the_poor_baseline_prunes_the_oom_and_remeasures_interleaved(finished_study):
     r, study, runs, _ = finished_study
     assert r.returncode == 0, r.stderr[-3000:]
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) >= 5
+    assert len(finished) == 4
     by_name = {t.user_attrs.get("baseline"): t for t in study.trials if t.user_attrs.get("baseline")}
     assert {"vllm-defaults", "max-num-seqs-8", "kv-32MiB"} <= set(by_name)
 
@@ -102,18 +106,26 @@ def test_study_finds_a_config_that_beats_the_poor_baseline(finished_study):
     assert oom.user_attrs["failure_engine_seconds"] > 0  # vLLM itself ran and failed
     assert oom.system_attrs["constraints"] == [1000.0, 1000.0]  # written the legacy way, for the dashboard
 
-    re = study.user_attrs["remeasure"]
-    winner = next(c for c in re["candidates"] if c["label"] == re["winner"])
+    # Why this cannot flake: with only TTFT binding (TPOT is loose, above), 8 slots against the dozens of requests
+    # in flight at the ladder's loads queue most of them, and the defaults' 128 queue none; a step of the tiny
+    # model costs little more for dozens of sequences than for 8, so the gap follows the slots' ratio whatever the
+    # CPU's speed (measured alone: 3.6 req/s against 40.7; this shared VM swings one config by up to 4x). Which of two close configs
+    # wins is not asserted anywhere here: that is the re-measurement's job, checked below by its mechanism.
     poor = by_name["max-num-seqs-8"].user_attrs["capacity_rps"]
-    assert len(winner["capacities"]) == 2
-    # not "gain > spread": with two repeats on a shared 2-core VM one stalled run sets the spread
-    # (seen: 25.4 and 7.7 req/s for the same config); the spread rule has its own unit tests
-    assert re["winner"] != "baseline max-num-seqs-8"
-    # against the poor baseline's own re-measurement where it has one (the best baseline is re-measured): that
-    # runs interleaved with the winner's, while its trial ran minutes earlier, and on this shared VM one config
-    # has measured 5.09 req/s in its trial and 1.27 in both re-measurements, under another tenant's load
-    again = next((c for c in re["candidates"] if c["label"] == "baseline max-num-seqs-8"), None)
-    assert winner["median"] > (poor if again is None else again["median"]), (winner, poor, again)
+    assert by_name["vllm-defaults"].user_attrs["capacity_rps"] > poor, (by_name["vllm-defaults"].user_attrs, poor)
+
+    verdict = study.user_attrs["remeasure"]
+    labels = [c["label"] for c in verdict["candidates"]]
+    assert labels[-1].startswith("baseline ") and all(len(c["capacities"]) == 2 for c in verdict["candidates"])
+    # interleaved: every candidate's first run before any candidate's second, in the order of the candidates
+    order = re.findall(r"re-measured (.+?) \(([12])/2\): [0-9.]+ req/s", r.stderr)
+    assert order == [(label, rep) for rep in "12" for label in labels], (order, labels)
+    # the verdict follows the measured medians (a tie goes to the baseline) and says whether the gain beat the spread
+    medians = {c["label"]: c["median"] for c in verdict["candidates"]}
+    assert all(c["median"] == statistics.median(c["capacities"]) for c in verdict["candidates"])
+    assert medians[verdict["winner"]] == max(medians.values()) and verdict["baseline"] == labels[-1]
+    beyond_noise = verdict["gain_rps"] > verdict["noise_rps"]
+    assert verdict["significant"] == (verdict["winner"] != verdict["baseline"] and beyond_noise)
 
     best = (runs / "tiny-real" / "best.yaml").read_text()
     assert "max-num-seqs:" in best and "model:" in best
@@ -139,7 +151,7 @@ def test_rerun_resumes_without_new_trials(finished_study):
     r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
                        text=True, timeout=300, env={**os.environ, "AUTOTUNE_STATE_DIR": str(runs / "state")})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "budget of 5 trials already spent" in r.stderr
+    assert "budget of 4 trials already spent" in r.stderr
     assert len(optuna.load_study(study_name="tiny-real", storage=f"sqlite:///{runs}/studies.db").trials) == n
     # the re-measured winner still stands: a rerun does not swap it for Optuna's single-run best
     winner = study.user_attrs["remeasure"]["winner_trial"]

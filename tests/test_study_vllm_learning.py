@@ -59,11 +59,11 @@ max_num_batched_tokens = {{ type = "int", low = 64, high = 2048, log = true, def
 
 [workload]
 scenario = "chat"
-rate = 1                # one request at a time holds ~0.8 req/s here: the baseline holds a step, below load 1
-requests = 12
+rate = 1                # one request at a time holds a step here, below load 1
+requests = 8
 prefix_tokens = [64, 128]
 prompt_tokens = [32, 128]
-output_tokens = [32, 96]
+output_tokens = [16, 48]  # half the calibration's answers: shorter steps, and a fit carried to a new workload
 
 [objective]
 kind = "capacity"
