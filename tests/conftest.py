@@ -144,13 +144,9 @@ def vllm_sim(tiny_model, tmp_path_factory):
 
 # -- the run spread over pytest-xdist's workers ---------------------------------------------------------
 
-# Real engines (vLLM, Xinference) take both cores while they start and serve: they run one at a time, on one
-# worker, and first, since together they are the run's longest line. The other workers run the rest, tests that
-# start nothing or start light processes (vllm-sim, nginx, PostgreSQL, the daemon), whose wall time is mostly
-# waiting. A module-scoped fixture (a finished study, a running server) is paid once per worker that runs one of
-# its module's tests, so such a module's tests stay together.
-SERIAL_MARKS = ("engine", "xinference")
-ENGINE_GROUP = "real-engines"
+# scripts/run_tests.sh runs the tests that start no real engine on four workers, then the real engines alone. A
+# module-scoped fixture (a finished study, a running server) is paid once per worker that runs one of its
+# module's tests, so such a module's tests stay on one worker.
 
 
 def _shares_module_fixture(item) -> bool:
@@ -161,16 +157,13 @@ def _shares_module_fixture(item) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
-            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
-        elif _shares_module_fixture(item):
+        if _shares_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    items.sort(key=lambda i: not any(i.get_closest_marker(m) for m in SERIAL_MARKS))  # stable: otherwise as collected
 
 
 def pytest_collection_finish(session):
-    """Under --dist loadgroup a group is read from the test's id: an id without it would let two real engines run
-    side by side, slowly and flakily, without a word. Say so instead."""
+    """Under --dist loadgroup a group is read from the test's id: an id without it would build a module's fixture
+    (a whole study, a server) once per worker, without a word. Say so instead."""
     if not session.config.getoption("loadgroup", False):
         return
     lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]

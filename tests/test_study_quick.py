@@ -3,7 +3,7 @@
 The file-free study runs for real against vllm-sim (a simulated H100, so the default CUDA space
 applies): it writes runs/<name>/study.toml, and that file reruns the same study. It tunes for a recorded
 trace of short chats (``--workload``, as after ``autotune capture``): vllm-sim serves in real time, and
-16-token answers keep each load step about a second long where the synthetic chat's 100-400 take ten. The console is
+16-token answers keep each load step near a second where the synthetic chat's 100-400 take ten. The console is
 checked three ways: plain lines (a pipe, as under journald), JSON lines (--json), and a real
 terminal (a pty, where the live footer draws).
 """
@@ -158,7 +158,8 @@ def test_the_written_file_reruns_the_same_study(plain_run, tiny_model):
 
 
 def test_json_lines_are_the_only_stdout(tmp_path, tiny_model):
-    r = autotune(tmp_path, "study", *traced(tiny_model, tmp_path, free_port(), "--trials", "2", "--no-remeasure", "--json"))
+    r = autotune(tmp_path, "study",
+                 *traced(tiny_model, tmp_path, free_port(), "--trials", "2", "--no-remeasure", "--json"))
     assert r.returncode == 0, r.stderr[-3000:]
     events = [json.loads(line) for line in r.stdout.splitlines()]  # every line parses
     assert [e["event"] for e in events] == ["trial", "trial", "result"]
