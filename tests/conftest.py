@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """The tiny random-weight Llama (no hub: local text, random weights), built once per run (~10 s) under the
-    run's temp dir, which pytest-xdist's workers share: the first to need it builds it, the others wait on the
+    """The tiny random-weight Llama (no hub: local text, random weights), built once per pytest run (~10 s) under
+    the run's temp dir, which pytest-xdist's workers share: the first to need it builds it, the others wait on the
     lock and find it built. AUTOTUNE_TINY_MODEL names a kept one instead (built there if missing)."""
     import fcntl
 
