@@ -233,16 +233,7 @@ def print_comparison(rows, remeasure: Remeasurement | None) -> None:
         for c in remeasure.candidates:
             m.add_row(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
         out.print(m)
-        r = remeasure
-        if r.winner == r.baseline:
-            verdict = f"no gain: no searched config beat {r.baseline} on the median"
-        elif r.significant:
-            verdict = (f"{r.winner} beats {r.baseline} by {r.gain_rps:.2f} req/s, "
-                       f"more than the spread ({r.noise_rps:.2f})")
-        else:
-            verdict = (f"no gain: {r.winner} and {r.baseline} differ by "
-                       f"{r.gain_rps:.2f} req/s, within the spread ({r.noise_rps:.2f})")
-        out.print(verdict)
+        out.print(remeasure.sentence())
 
 
 def print_pareto(front) -> None:

@@ -34,7 +34,7 @@ A config the search samples between grid points is measured as its nearest grid 
 counts): the truth is tabulated. enforce_eager stays off (CUDA graphs), to keep the truth's grid to 240
 points; block size stays at vLLM's default.
 
-    .venv/bin/python scripts/bench_search.py --seeds 5                 # the README's table
+    .venv/bin/python scripts/bench_search.py --seeds 5                 # bench/README.md's table
     .venv/bin/python scripts/bench_search.py --scenario long-docs-32b-h100 --seeds 1 --strategy autotune -v
     .venv/bin/python scripts/bench_search.py --survey                  # the truths only: defaults vs optimum, the
                                                                        # evidence for the utilization rule, and

@@ -29,12 +29,12 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def example_study(name: str, tiny_model: Path, dest: Path) -> Path:
-    """studies/NAME.toml copied to ``dest``, naming the run's tiny model where it names models/tiny-llama
+    """studies/NAME.toml copied to ``dest``, naming the run's tiny model where it names ./models/tiny-llama
     (the path the quickstart builds it at, relative to the working directory)."""
     text = (ROOT / "studies" / f"{name}.toml").read_text()
-    assert '"models/tiny-llama"' in text, f"studies/{name}.toml no longer names models/tiny-llama"
+    assert '"./models/tiny-llama"' in text, f"studies/{name}.toml no longer names ./models/tiny-llama"
     path = dest / f"{name}.toml"
-    path.write_text(text.replace('"models/tiny-llama"', f'"{tiny_model}"'))
+    path.write_text(text.replace('"./models/tiny-llama"', f'"{tiny_model}"'))
     return path
 
 

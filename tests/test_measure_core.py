@@ -469,3 +469,19 @@ def test_a_step_states_the_rate_it_offers_not_its_few_arrivals(tmp_path):
                lambda _: None, lambda _: False)
     assert [s.rate for s in out.steps] == pytest.approx([base, 2 * base, 4 * base])
     assert out.capacity_rps == pytest.approx(4 * base)  # the highest load that passed, stated as it was offered
+
+
+# --- ITL gaps of events that arrived in one read: said beside the table, not left as a bare 0.0 ms ---
+
+def test_events_read_together_are_counted_and_said_beside_itl():
+    from autotune.measure.tables import outcome_tables
+
+    together = [done(0, 0.0, itl=(0.0, 0.00002, 0.04)), done(1, 0.1, itl=(0.0, 0.05))]
+    out = Outcome("u", steps=[step_of(1, together)])
+    assert out.last.summary.itl_same_read == pytest.approx(3 / 5)
+    latency = next(t for t in outcome_tables(out, None) if t.title == "latency (ms)")
+    assert latency.caption.startswith("ITL: the gap between streamed events, as vllm bench serve measures it; 60% of "
+                                      "gaps are under 0.1 ms")
+    spaced = Outcome("u", steps=[step_of(1, [done(0, 0.0, itl=(0.01, 0.02))])])
+    assert spaced.last.summary.itl_same_read == 0.0
+    assert next(t for t in outcome_tables(spaced, None) if t.title == "latency (ms)").caption is None

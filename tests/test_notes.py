@@ -193,17 +193,25 @@ def test_no_winner_and_the_remeasured_verdict(tmp_path):
         "noise_rps": 0.3, "significant": True, "trials_seen": 3})
     s = study_note(StudyResult.of(study), SLOS)
     assert s.startswith("### Winner: trial 2 (sampled)")
-    assert ("Re-measured, interleaved: trial 2 against baseline vllm-defaults: gain +0.90 req/s, noise 0.30 req/s: "
-            "**significant**.") in s
-    assert "| trial 2 | 4.80, 5.10 | 4.95 |" in s
+    assert ("Re-measured, interleaved: trial 2 beats baseline vllm-defaults by 0.90 req/s, more than the spread "
+            "(0.30): deploy trial 2.") in s
+    assert "| trial 2 | 4.80, 5.10 | 4.95 |" in s and "Not recommended" not in s
 
     raw = study.user_attrs["remeasure"]
+    study.set_user_attr("remeasure", {**raw, "noise_rps": 1.2, "significant": False})
+    s = study_note(StudyResult.of(study), SLOS)
+    assert s.startswith("### Winner: trial 1 (vllm-defaults)")  # what best.yaml holds: the verdict, not the leader
+    assert ("Re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.90 req/s, within the "
+            "spread (1.20): keep baseline vllm-defaults.") in s
+    assert "Not recommended: trial 2 (sampled), kept beside the best files as not-recommended.*." in s
+
     study.set_user_attr("remeasure", {**raw, "winner": "baseline vllm-defaults", "winner_trial": 1, "gain_rps": 0.0,
                                       "significant": False})
     s = study_note(StudyResult.of(study), SLOS)
     assert s.startswith("### Winner: trial 1 (vllm-defaults), 4.00 req/s")
     assert "The best baseline, vllm-defaults, is the winner" in s
-    assert "Re-measured, interleaved: baseline vllm-defaults kept its lead" in s
+    assert ("Re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the median; keep "
+            "baseline vllm-defaults.") in s
 
 
 def test_pareto_mode_names_the_front(tmp_path):

@@ -1,7 +1,9 @@
 """``autotune report`` answers first: studies built in SQLite without an engine, trials shaped as the runner
 writes them (steps from the real Step/Summary types), the page read back as text."""
 
+import json
 import re
+import shlex
 
 import optuna
 import pytest
@@ -13,7 +15,8 @@ from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Step
 from autotune.measure.slo import parse_slos
 from autotune.study.definition import load_study
-from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, judge
+from autotune.study.outputs import write_verdict
+from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, StudyResult, judge
 from autotune.study.report import MIN_IMPORTANCE_TRIALS, write_report
 
 SLOS = parse_slos(["ttft<300ms", "tpot<50ms"])
@@ -136,8 +139,8 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
     page = report(d, tmp_path)
     line = first_line(page)
     assert line == ("Winner: trial 2 (max_num_seqs=64): 3.20 req/s within the SLOs (median of 3 runs), +45 % over "
-                    "vllm-defaults (2.21 req/s); the re-measured gain 0.99 req/s is beyond the spread 0.20 req/s: "
-                    "significant.")
+                    "baseline vllm-defaults (2.21 req/s); re-measured, interleaved: trial 2 beats baseline "
+                    "vllm-defaults by 0.99 req/s, more than the spread (0.20): deploy trial 2.")
     text = verdict_of(page)
     assert text.lstrip().startswith("Winner: trial 2")
     # the gain over each baseline, the re-measured runs, the config file, the command line, the SLOs
@@ -163,10 +166,61 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
 def test_a_gain_within_the_spread_is_not_significant(tmp_path):
     d = study_toml(tmp_path)
     build(d, typical(), runs=[(2, [2.5, 2.0, 2.9]), (0, [2.2, 2.21, 2.25])])
-    line = first_line(report(d, tmp_path))
-    assert line.startswith("Winner: trial 2 (max_num_seqs=64): 2.50 req/s within the SLOs (median of 3 runs)")
-    assert line.endswith("the re-measured gain 0.29 req/s is within the spread 0.90 req/s: not significant, "
-                         "keep vllm-defaults.")
+    page = report(d, tmp_path)
+    line = first_line(page)
+    # the headline names what best.yaml holds: the baseline, since the leader's gain is within the spread
+    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.21 req/s within the SLOs (median of 3 runs); "
+                    "re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.29 req/s, within "
+                    "the spread (0.90): keep baseline vllm-defaults.")
+    config = re.search(r'<pre id="winner-config">(.*?)</pre>', page, re.S).group(1)
+    assert "# autotune: best config of trial 0" in config and "max-num-seqs: 64" not in config
+
+
+def test_the_files_a_user_deploys_are_the_verdict(tmp_path):
+    """A leader within the spread is not what best.yaml holds: the baseline is; the leader is kept beside it,
+    named for what it is, and a later verdict that stands removes it."""
+    d = study_toml(tmp_path)
+    study = build(d, typical(), runs=[(2, [2.5, 2.0, 2.9]), (0, [2.2, 2.21, 2.25])])
+    out = tmp_path / "out"
+    paths = write_verdict(StudyResult.of(study), d.command.model, d.command.engine_kind, out)
+    assert "max-num-seqs: 128" in paths["config"].read_text() and "# autotune: best config of trial 0" in \
+        paths["config"].read_text()
+    assert json.loads((out / "best.json").read_text())["trial"] == 0
+    assert "--max-num-seqs 128" in (out / "best-command.sh").read_text()
+    kept = (out / "not-recommended.yaml").read_text()
+    assert "max-num-seqs: 64" in kept and ("# not recommended: re-measured, no gain: trial 2 leads baseline "
+                                           "vllm-defaults by 0.29 req/s, within the spread (0.90)") in kept
+    assert json.loads((out / "not-recommended.json").read_text())["trial"] == 2
+    assert set(paths) == {"config", "command", "json", "docker", "not-recommended-config", "not-recommended-command",
+                          "not-recommended-json", "not-recommended-docker"}
+
+    study.set_user_attr(Attr.REMEASURE, judge([Candidate("trial 2", 2, EngineArgs({}), [3.2, 3.1, 3.3]),
+                                               Candidate("baseline vllm-defaults", 0, EngineArgs({}),
+                                                         [2.2, 2.21, 2.25])], trials_seen=5).to_json())
+    paths = write_verdict(StudyResult.of(study), d.command.model, d.command.engine_kind, out)
+    assert json.loads(paths["json"].read_text())["trial"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["best-command.sh", "best-docker.sh", "best.json", "best.yaml"]
+
+
+def test_the_container_line_runs_the_official_image_on_the_config(tmp_path):
+    """The image's entry point is `vllm serve` (its Dockerfile: ENTRYPOINT ["vllm", "serve"]): the words after the
+    image are vllm serve's own, checked against vLLM's flag table; the config, the cache and secrets get in."""
+    d = study_toml(tmp_path)
+    study = build(d, typical())
+    paths = write_verdict(StudyResult.of(study), d.command.model, d.command.engine_kind, tmp_path / "out",
+                          version="0.32.0+cpu")
+    line = paths["docker"].read_text().splitlines()[-1]
+    words = shlex.split(line.removeprefix("exec "))  # as sh would split it, the cache's $HOME left unexpanded
+    image = words.index("vllm/vllm-openai:v0.32.0")
+    assert words[:3] == ["docker", "run", "--rm"] and "--gpus" in words and "127.0.0.1:8000:8000" in words
+    assert f"{paths['config'].resolve()}:/etc/vllm/config.yaml:ro" in words
+    assert "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface" in words
+    assert words[words.index("HF_TOKEN") - 1] == "-e"  # the redacted token by name: docker reads the caller's
+    after = words[image + 1:]
+    assert after[:2] == ["--config", "/etc/vllm/config.yaml"] and "serve" not in after
+    table = d.command.flag_table()  # vLLM's own parser's flags (tests/test_flags_installed.py keeps them true)
+    flags = after[0::2]
+    assert flags == ["--config", "--host", "--port"] and all(table.lookup(f) is not None for f in flags)
 
 
 def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):
@@ -174,7 +228,8 @@ def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):
     build(d, typical(), runs=[(2, [2.0, 2.1, 2.05]), (0, [2.2, 2.21, 2.25])])
     line = first_line(report(d, tmp_path))
     assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.21 req/s within the SLOs (median of 3 runs); "
-                    "no searched configuration beat vllm-defaults when re-measured: keep vllm-defaults.")
+                    "re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the median; "
+                    "keep baseline vllm-defaults.")
 
 
 def test_without_remeasurement_the_gain_is_unverified(tmp_path):

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from autotune import __version__
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate(sub)
 
     dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
-                        description="Run the long-lived loop a daemon config defines ('The daemon' in the README "
+                        description="Run the long-lived loop a daemon config defines (docs/daemon.md "
                         "documents every key). --check checks what it needs and runs nothing; SIGHUP re-reads "
                         "the config.")
     dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
@@ -245,6 +246,7 @@ def _finish(result, a: argparse.Namespace) -> int:
 def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     from autotune.engine.args import EngineArgs, EngineCommand
     from autotune.engine.launcher import stop_on_signals
+    from autotune.engine.model import locate
     from autotune.measure.profiles import FixedLoad
     from autotune.measure.session import measure_engine
     from autotune.measure.slo import parse_slos
@@ -255,8 +257,11 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
                             nice=a.engine_nice)
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
-    tokenizer = a.tokenizer or (Path(a.model) if Path(a.model).is_dir() else None)
-    workload = _load_workload(_workload_spec(a, tokenizer))
+    files = locate(a.model, args.values.get("revision"))  # where vLLM would find the model: its tokenizer too
+    spec = _workload_spec(a, a.tokenizer or files.tokenizer)
+    spec = replace(spec, no_tokenizer=f"{files.found}: pass --tokenizer DIR (a directory with tokenizer.json), or "
+                                      f"put the model's config and tokenizer there with `{files.fetch_command()}`")
+    workload = _load_workload(spec)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does
     try:
         with _progress() as progress:

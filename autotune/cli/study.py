@@ -18,12 +18,15 @@ __all__ = ["add_parsers", "cmd_study", "cmd_init", "cmd_report", "cmd_dashboard"
 def _add_request(p: argparse.ArgumentParser, *, for_init: bool) -> None:
     """The flags a study can be made from, without a file."""
     g = p.add_argument_group("a study without a file" if not for_init else "the study")
-    g.add_argument("--model", help="model directory (its config.json sizes the space, its tokenizer builds prompts)")
+    g.add_argument("--model", help="as vllm serve takes it: a directory, or a Hugging Face id found in the Hugging "
+                   "Face cache (its config.json sizes the space, its tokenizer builds prompts)")
     g.add_argument("--workload", type=Path, help="recorded traffic: autotune JSONL, vllm bench custom JSONL, ShareGPT")
     g.add_argument("--scenario", help="synthetic traffic: chat (default), long-docs or high-concurrency")
     g.add_argument("--rate", type=float, help="requests/s of the synthetic traffic; each trial's load ladder starts here")
     g.add_argument("--requests", type=int, default=200, help="requests per synthetic workload (default 200)")
-    g.add_argument("--tokenizer", type=Path, help="tokenizer directory when --model is not a local directory")
+    g.add_argument("--tokenizer", type=Path, help="tokenizer directory when the model's own is not at hand")
+    g.add_argument("--download", action="store_true", help="fetch the model's config.json and tokenizer (not its "
+                   "weights) into the Hugging Face cache when they are not there (huggingface_hub; HF_TOKEN applies)")
     g.add_argument("--engine-cmd", help="engine command line prefix (default: 'vllm serve')")
     g.add_argument("--port", type=_port, default=8100, help="staging engine port on localhost (default 8100)")
     p.add_argument("--slo", action="append", default=[], help=SLO_HELP + ("" if for_init else
@@ -76,6 +79,13 @@ def _request(a: argparse.Namespace):
                           "(autotune study --help)")
     if a.requests < 1:
         raise ConfigError("--requests must be at least 1")
+    if a.download:
+        from autotune.engine.model import locate
+
+        files = locate(a.model, download=True)
+        if files.directory is None:
+            raise ConfigError(files.found)
+        print(f"autotune: {files.found}", file=sys.stderr)
     return StudyRequest(model=a.model, slos=tuple(a.slo), engine_command=a.engine_cmd or default_engine_command(),
                         workload=a.workload, scenario=a.scenario, rate=a.rate, requests=a.requests,
                         tokenizer=a.tokenizer, trials=a.trials if a.trials is not None else 20, name=a.study_name,
@@ -156,7 +166,7 @@ def _definition(a: argparse.Namespace):
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
-    from autotune.study.outputs import comparison, write_best
+    from autotune.study.outputs import NOT_RECOMMENDED, comparison, write_verdict
     from autotune.study.records import StudyResult, TrialRecord
     from autotune.study.runner import StudyRun, open_study
     from autotune.workload.source import LoadSteps
@@ -165,14 +175,21 @@ def cmd_study(a: argparse.Namespace) -> int:
     if a.file is None:
         a.file = _file_free_study(a)
         a.slo, a.trials, a.study_name = [], None, None  # the file holds them now
-    elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd:
+    elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd or a.download:
         raise ConfigError(f"give a study file or --model and its flags, not both: edit {a.file} instead")
     d = _definition(a)
     table = d.command.flag_table()
     if a.dry_run is not None:
         from autotune.study.dryrun import dry_run
+        from autotune.workload.source import check as check_workload
 
-        for line in dry_run(d, table, a.dry_run):
+        prompts = check_workload(d.workload, build_prompts=False)
+        lines = list(dry_run(d, table, a.dry_run))  # every error before any output
+        print(f"autotune: {d.model_files().found}", file=sys.stderr)
+        if not prompts:
+            print("autotune: note: a dry run builds no prompts; the study will, with the model's tokenizer: "
+                  f"{d.workload.no_tokenizer}", file=sys.stderr)
+        for line in lines:
             print(json.dumps(line))
         if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
             print("autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
@@ -187,6 +204,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         study = open_study(d)
         run = StudyRun(d, table, steps)
         run.show, run.notice = view.show, view.notice
+        view.notice(d.model_files().found)
         if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
             run.predictor, what = simulator_for(d, run.devices, run.shape, steps)
             if run.predictor is not None:
@@ -212,7 +230,8 @@ def cmd_study(a: argparse.Namespace) -> int:
     result = StudyResult.of(study)
     kind = d.command.engine_kind
     winner = None if result.pareto else result.winner
-    paths = write_best(winner, d.command.model, kind, d.run_dir, real_env=d.fixed.env) if winner else {}
+    paths = write_verdict(result, d.command.model, kind, d.run_dir, real_env=d.fixed.env, version=table.version)
+    leader = result.leader if winner else None
     if a.json_lines:
         print(json.dumps(_result_event(result, winner, paths)))
     elif result.pareto:
@@ -226,9 +245,13 @@ def cmd_study(a: argparse.Namespace) -> int:
         return EXIT_SLO_MISS
     if not a.json_lines:
         if "config" in paths:
-            print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}")
+            print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}"
+                  + (f", container: {paths['docker']}" if "docker" in paths else ""))
         else:
             print(f"best config: command line {paths['command']}, values {paths['json']}")
+        if leader is not None:
+            print(f"not recommended (it led within the spread): trial {leader.number}, kept as "
+                  f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}")
         print(f"the whole story: autotune report {a.file}  (or autotune dashboard {a.file})")
     return EXIT_OK
 

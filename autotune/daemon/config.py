@@ -126,7 +126,7 @@ class DaemonConfig:
         return ", ".join(f"{w.start:%H:%M}-{w.end:%H:%M}" for w in self.tuning_windows)
 
 
-_SEE = "see 'The daemon' in the README"
+_SEE = "see docs/daemon.md"
 
 
 def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConfig:

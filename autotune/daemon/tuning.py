@@ -167,11 +167,8 @@ def choose(result: StudyResult) -> Choice:
                f"so {verdict.baseline} stands for both; ")
     tried = [r for r in result.records if r.baseline == "production"]
     prod = _measured_production(result)
-    if not tried:
-        if verdict.significant:
-            return Choice(pick["trial"], f"{verdict.winner} beats {verdict.baseline} by {verdict.gain_rps:.2f} "
-                                         f"req/s, more than the spread ({verdict.noise_rps:.2f})")
-        return Choice(None, f"no gain: {tie or ''}nothing beat {verdict.baseline} by more than the spread")
+    if not tried:  # the study's own verdict decides, said in the study's words
+        return Choice(pick["trial"] if verdict.significant else None, verdict.sentence())
     if any(pick["trial"] == r.number for r in tried):
         return Choice(None, f"{tie}production's own config won")
     ran = (result.trial(pick["trial"]).attrs.get(Attr.ENGINE_ARGS) or {}).get("values")

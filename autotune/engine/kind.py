@@ -28,12 +28,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.engine.failures import COMMON_PATTERNS, Patterns
 from autotune.engine.flags import FlagTable
 from autotune.engine.gpu import GpuInfo
-from autotune.engine.model import ModelShape
+from autotune.engine.model import ModelShape, locate
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class EngineKind:
 
     def shape(self, model: str) -> ModelShape | None:
         """The model's shape (pre-check, default max_model_len); None when it cannot be known here."""
-        return ModelShape.from_dir(model)
+        return ModelShape.from_dir(locate(model).directory)
 
     def block_sizes(self, platform: str) -> tuple[int, ...] | None:
         """The KV block sizes the platform accepts; None: no constraint."""
@@ -135,6 +136,10 @@ class EngineKind:
     def parse_config(self, text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
         """(model, values) from a config file's text; ``source`` names the file in errors."""
         raise ConfigError(f"engine kind {self.name!r} has no config file format to read")
+
+    def container_line(self, model: str, config_path: Path, env: Mapping[str, str], version: str | None) -> str | None:
+        """A shell line running the engine's official container on ``config_path``; None: the kind has none."""
+        return None
 
     def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` without what only a staging engine may run."""

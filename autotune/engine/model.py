@@ -1,4 +1,9 @@
-"""What a model's config.json says about its size: the one place autotune reads it.
+"""Where a model's files are, and what its config.json says about its size: the one place autotune reads it.
+
+A model is named the way ``vllm serve`` takes it: a local directory, or a Hugging Face id such as
+``meta-llama/Llama-3.1-8B-Instruct``, found in the Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME``) at
+the engine's ``revision``, the way vLLM finds it there; on request, config.json and the tokenizer files
+alone are downloaded into that cache (never the weights: those are the engine's to fetch).
 
 The pre-check (engine/vllm/precheck.py) needs the KV bytes per token and the weights; vllm-sim's
 performance model (sim/) also needs the parameter count per layer and the vocabulary. Dense
@@ -13,7 +18,79 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelShape", "DTYPE_BYTES", "parse_bytes"]
+__all__ = ["ModelShape", "ModelFiles", "DTYPE_BYTES", "locate", "parse_bytes"]
+
+# what a study needs of a model it does not run itself: its shape and the tokenizer its prompts are built with
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where the files of a model were found: a directory holding its config.json, or None and why not."""
+
+    name: str
+    directory: Path | None
+    found: str  # one line for the user: where the files came from, or why there are none
+
+    @property
+    def tokenizer(self) -> Path | None:
+        """The directory with the model's tokenizer.json, when it is there."""
+        if self.directory is not None and (self.directory / "tokenizer.json").is_file():
+            return self.directory
+        return None
+
+    def fetch_command(self) -> str:
+        """The command that puts the small files in the Hugging Face cache (huggingface_hub's own CLI)."""
+        return f"hf download {self.name} {' '.join(SMALL_FILES)}"
+
+
+def locate(name: str, revision: str | None = None, *, download: bool = False,
+           cache_dir: str | Path | None = None, endpoint: str | None = None) -> ModelFiles:
+    """Find a model as vLLM would: a local directory, else the Hugging Face cache, else (``download``) the Hub.
+
+    The cache lookup never touches the network; ``download`` fetches only :data:`SMALL_FILES` with
+    huggingface_hub (the library vLLM itself downloads with; ``HF_ENDPOINT``, ``HF_TOKEN`` and
+    ``HF_HUB_OFFLINE`` apply). ``cache_dir`` and ``endpoint`` default to huggingface_hub's (``HF_HUB_CACHE``,
+    ``HF_HOME``; ``HF_ENDPOINT``).
+    """
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if (local / "config.json").is_file():
+            return ModelFiles(name, local, f"model {name}: the local directory {local.resolve()}")
+        return ModelFiles(name, None, f"model {name}: the directory {local.resolve()} has no config.json")
+    if name.startswith((".", "/", "~")) or not _REPO_ID.fullmatch(name):
+        return ModelFiles(name, None, f"model {name}: no such directory (and not a Hugging Face id: org/name)")
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    cache = Path(cache_dir or constants.HF_HUB_CACHE)
+    at = f" at revision {revision}" if revision else ""
+    cached = huggingface_hub.try_to_load_from_cache(name, "config.json", cache_dir=cache, revision=revision)
+    if isinstance(cached, str):
+        snapshot = Path(cached).parent
+        return ModelFiles(name, snapshot, f"model {name}: the Hugging Face cache {cache}{at} "
+                                          f"(snapshot {snapshot.name[:12]})")
+    missing = f"model {name}: not a local directory, and not in the Hugging Face cache {cache}{at}"
+    if not download:
+        return ModelFiles(name, None, missing)
+    hub = endpoint or constants.ENDPOINT
+    try:
+        files = [huggingface_hub.hf_hub_download(name, "config.json", revision=revision, cache_dir=cache,
+                                                 endpoint=endpoint)]
+        for extra in SMALL_FILES[1:]:
+            try:
+                files.append(huggingface_hub.hf_hub_download(name, extra, revision=revision, cache_dir=cache,
+                                                             endpoint=endpoint))
+            except huggingface_hub.errors.EntryNotFoundError:
+                pass  # a model without a fast tokenizer: counted with ~4 bytes a token where that is allowed
+    except (OSError, huggingface_hub.errors.HfHubHTTPError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return ModelFiles(name, None, f"{missing}, and downloading its config.json from {hub} failed: {why}")
+    snapshot = Path(files[0]).parent
+    return ModelFiles(name, snapshot, f"model {name}: downloaded {', '.join(Path(f).name for f in files)} (not the "
+                                      f"weights) from {hub}{at} into the Hugging Face cache {cache}")
+
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
@@ -51,8 +128,10 @@ class ModelShape:
         return shape.with_weights(weights_bytes if weights_bytes else est)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> ModelShape | None:
-        """Read config.json and the weight files; None when the model is not a local directory."""
+    def from_dir(cls, path: str | Path | None) -> ModelShape | None:
+        """Read config.json and the weight files (a cache snapshot's links followed); None without config.json."""
+        if path is None:
+            return None
         p = Path(path)
         cfg_path = p / "config.json"
         if not cfg_path.is_file():

@@ -28,6 +28,8 @@ __all__ = ["RequestResult", "Distribution", "Summary", "summarize", "request_val
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 
+SAME_READ_S = 1e-4  # two SSE events closer than this came in one read from the socket, not 0.1 ms apart
+
 @dataclass
 class RequestResult:
     index: int  # position in the workload
@@ -98,6 +100,9 @@ class Summary:
     e2e: Distribution
     send_lag: Distribution  # sent_s - scheduled_s: how late the client itself was
     errors: dict[str, int]  # error text (first line) -> count
+    # share of ITL gaps under SAME_READ_S: SSE events that reached the client in one read share a timestamp, so
+    # ITL (the gap between events, as `vllm bench serve` measures it too) reads ~0 for them
+    itl_same_read: float = 0.0
     # raw samples, for percentiles the table does not hold (p99.9, an SLO's own p)
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
@@ -189,5 +194,6 @@ def summarize(results: list[RequestResult], slos: list[SLO] = ()) -> Summary:
         e2e=Distribution.of(samples["e2e"]),
         send_lag=Distribution.of(samples["send_lag"]),
         errors=errors,
+        itl_same_read=(sum(g < SAME_READ_S for g in samples["itl"]) / len(samples["itl"])) if samples["itl"] else 0.0,
         samples=samples,
     )

@@ -44,7 +44,7 @@ from typing import Any
 
 from autotune.engine.failures import Failure, LogWatch, classify_exit
 from autotune.errors import ConfigError
-from autotune.engine.model import ModelShape
+from autotune.engine.model import ModelShape, locate
 from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Outcome, Step
 from autotune.measure.tables import outcome_tables
@@ -120,8 +120,7 @@ def workload_spec(a: Any) -> WorkloadSpec:
         raise ConfigError("--max-concurrency must be at least 1")
     if a.warmup < 0:
         raise ConfigError(f"--warmup must be 0 or more requests, got {a.warmup}")
-    model = Path(a.model_tag)
-    tokenizer = Path(a.tokenizer) if a.tokenizer else (model if model.is_dir() else None)
+    tokenizer = Path(a.tokenizer) if a.tokenizer else locate(a.model_tag).tokenizer  # where vLLM finds the model
     return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
                         burstiness=a.burstiness, seed=a.seed if a.seed is not None else 0, overrides=overrides,
                         api=a.api, output_tokens=fixed_out, tokenizer=tokenizer)

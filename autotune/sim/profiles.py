@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.engine.model import ModelShape
+from autotune.engine.model import ModelShape, locate
 
 __all__ = ["GpuProfile", "GPUS", "MODELS", "gpu_profile", "model_shape"]
 
@@ -148,14 +148,16 @@ def gpu_profile(name: str) -> GpuProfile:
 
 
 def model_shape(model: str) -> ModelShape:
-    """A named profile, a Hugging Face id we know, or a directory with config.json."""
+    """The model's own config.json where vLLM would find it (a directory, the Hugging Face cache), else a named
+    profile or a Hugging Face id we know."""
+    shape = ModelShape.from_dir(locate(model).directory)
+    if shape is not None:
+        return shape
     key = ALIASES.get(model, model).lower()
     if key in MODELS:
         return ModelShape.from_config(MODELS[key])
-    shape = ModelShape.from_dir(model)
-    if shape is None:
-        raise KeyError(f"model {model!r}: not a directory with config.json and not one of {', '.join(MODELS)}")
-    return shape
+    raise KeyError(f"model {model!r}: not a directory with config.json, not in the Hugging Face cache, and not one "
+                   f"of {', '.join(MODELS)}")
 
 
 def write_model_dir(name: str, path: Path) -> Path:

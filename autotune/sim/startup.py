@@ -17,7 +17,7 @@ v1/core/kv_cache_utils.py):
    less than one max_model_len sequence: ``To serve at least one request with the model's
    max seq len ...``. Both are ValueErrors in the engine core: exit 1.
 
-The activation and graph sizes are estimates (documented in the README's vllm-sim section);
+The activation and graph sizes are estimates (documented in docs/vllm-sim.md);
 the boundaries they produce move with max_num_batched_tokens, max_num_seqs, enforce_eager and
 the model's size the way vLLM's do, not to the last MiB.
 

@@ -45,8 +45,11 @@ class TextCodec:
 
     @staticmethod
     def find(tokenizer: str | None, model: str) -> str | None:
-        """tokenizer.json from --tokenizer (a file or a directory), else from the model directory."""
-        for cand in (tokenizer, model):
+        """tokenizer.json from --tokenizer (a file or a directory), else from the model's files (a directory, or
+        the Hugging Face cache, found as vLLM finds them)."""
+        from autotune.engine.model import locate
+
+        for cand in (tokenizer, model, model and locate(model).directory):
             if not cand:
                 continue
             p = Path(cand)

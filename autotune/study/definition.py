@@ -1,6 +1,6 @@
 """Study definitions: ``studies/*.toml`` read into typed settings, CLI flags on top.
 
-The format is documented in the README ("Writing a study"). Every mistake is a ConfigError
+The format is documented in docs/study-file.md ("Writing a study"). Every mistake is a ConfigError
 naming the file, the key and what to write instead.
 """
 
@@ -16,7 +16,7 @@ from autotune.configfile import Table, read_toml, show
 from autotune.engine.args import EngineArgs, EngineCommand
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.kind import EngineKind
-from autotune.engine.model import parse_bytes
+from autotune.engine.model import ModelFiles, locate, parse_bytes
 from autotune.errors import ConfigError, SLOSyntaxError
 from autotune.units import parse_duration
 from autotune.study.baselines import check_builtin
@@ -88,6 +88,10 @@ class StudyDefinition:
     def run_dir(self) -> Path:
         return self.runs_dir / self.name
 
+    def model_files(self) -> ModelFiles:
+        """Where the model's files are, found as vLLM finds them (at the engine's revision)."""
+        return locate(self.command.model, self.fixed.values.get("revision"))
+
     def with_overrides(self, *, slos: list[str] | None = None, trials: int | None = None,
                        timeout: str | None = None, storage: str | None = None, name: str | None = None) -> StudyDefinition:
         d = self
@@ -112,7 +116,7 @@ def _default_storage(d: StudyDefinition) -> str:
     return f"sqlite:///{(d.runs_dir / 'studies.db').as_posix()}"
 
 
-_SEE = "see 'Writing a study' in the README"
+_SEE = "see 'Writing a study' in docs/study-file.md"
 
 
 def load_study(path: str | Path, *, default_platform: str | None = None,
@@ -166,6 +170,7 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
         burstiness=wl.number("burstiness", 1.0, above=0), seed=wl.integer("seed", 0), overrides=overrides,
         api=wl.string("api", None, choices=("completion", "chat")),
         tokenizer=_tokenizer(wl.string("tokenizer", None), fixed.values, model),
+        no_tokenizer=_no_tokenizer(model, fixed.values.get("revision"), where),
     )
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
@@ -260,11 +265,21 @@ def _baselines(bl: Table, searched: tuple[Param, ...], kind: EngineKind) -> tupl
 
 
 def _tokenizer(given: str | None, engine_args: dict[str, Any], model: str) -> Path | None:
-    """Prompts are built with the tokenizer the engine counts with: the workload's, else vLLM's --tokenizer, else the model's."""
-    for candidate in (given, engine_args.get("tokenizer"), model):
+    """Prompts are built with the tokenizer the engine counts with: the workload's, else vLLM's --tokenizer, else
+    the model's (a directory, or the Hugging Face cache at the engine's revision)."""
+    for candidate in (given, engine_args.get("tokenizer")):
         if candidate and Path(str(candidate)).exists():
             return Path(str(candidate))
-    return None
+    return locate(model, engine_args.get("revision")).tokenizer
+
+
+def _no_tokenizer(model: str, revision: str | None, where: str) -> str:
+    """What to do when prompts need the model's tokenizer and it is not where vLLM would find the model."""
+    files = locate(model, revision)
+    key = f"set [workload].tokenizer = DIR (a directory with tokenizer.json) in {where}"
+    if files.directory is not None:
+        return f"{files.directory} holds no tokenizer.json: {key}"
+    return f"{files.found}: put its config and tokenizer there with `{files.fetch_command()}`, or {key}"
 
 
 def _gpus(t: Table) -> tuple[GpuInfo, ...]:

@@ -10,10 +10,8 @@ import optuna
 from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
-from autotune.engine.model import ModelShape
 from autotune.study.records import Attr
 from autotune.study.runner import build_space, devices_of, make_sampler
-from autotune.workload.source import check as check_workload
 
 __all__ = ["dry_run"]
 
@@ -21,11 +19,10 @@ __all__ = ["dry_run"]
 def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, Any]]:
     """Baselines first, then sampled trials, as the real study would order them (in-memory, no storage).
 
-    The workload is checked first (the trace read, a few prompts built): a study that would fail
-    at its first trial fails here."""
-    check_workload(d.workload)
+    The caller checks the workload first (:func:`check_workload`): a study that would fail at its first
+    trial fails there. A dry run needs no prompts, so no tokenizer."""
     space = build_space(d)
-    shape = ModelShape.from_dir(d.command.model)
+    shape = d.command.engine_kind.shape(d.command.model)
     devices = devices_of(d)
     memory = devices[0].total_bytes if devices else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.measure.slo import LATENCY_METRICS
+from autotune.study.outputs import NOT_RECOMMENDED
 from autotune.study.records import Attr, StudyResult, TrialRecord
 
 __all__ = ["trial_note", "study_note", "save_notes", "KEEP"]
@@ -187,14 +188,10 @@ def study_note(result: StudyResult, slos: list[str]) -> str:
     lines.append("")
     if v is None:
         lines.append("Re-measurement: none yet (it runs at the end of the study; a later trial makes it stale).")
-    elif v.winner == v.baseline:
-        lines.append(f"Re-measured, interleaved: {_md(v.baseline)} kept its lead; no candidate beat it "
-                     f"(noise {v.noise_rps:.2f} req/s).")
     else:
-        verdict = ("**significant**" if v.significant
-                   else f"**not significant**: within the noise, {_md(v.baseline)} is as good")
-        lines.append(f"Re-measured, interleaved: {_md(v.winner)} against {_md(v.baseline)}: gain "
-                     f"{v.gain_rps:+.2f} req/s, noise {v.noise_rps:.2f} req/s: {verdict}.")
+        lines.append(f"Re-measured, interleaved: {_md(v.sentence())}.")
+        if (leader := result.leader) is not None:
+            lines.append(f"Not recommended: {_who(leader)}, kept beside the best files as {NOT_RECOMMENDED}.*.")
     if v is not None:
         lines += ["", "| config | capacity per run (req/s) | median |", "|---|---|---|"]
         lines += [f"| {_md(c['label'])} | {', '.join(f'{x:.2f}' for x in c['capacities'])} | {c['median']:.2f} |"

@@ -215,6 +215,30 @@ class Remeasurement:
     def candidate(self, trial: int) -> dict[str, Any] | None:
         return next((c for c in self.candidates if c["trial"] == trial), None)
 
+    @property
+    def baseline_trial(self) -> int:
+        return self.candidates[-1]["trial"]
+
+    @property
+    def recommended_trial(self) -> int:
+        """The config to deploy: the winner when its gain beat the spread, else the baseline it was measured against."""
+        return self.winner_trial if self.significant else self.baseline_trial
+
+    @property
+    def leader_not_recommended(self) -> int | None:
+        """A searched config that led on the median by less than the spread: kept, not recommended."""
+        return self.winner_trial if self.winner != self.baseline and not self.significant else None
+
+    def sentence(self) -> str:
+        """The verdict in the words the console, the report, the dashboard note and the daemon all use."""
+        if self.winner == self.baseline:
+            return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
+        if self.significant:
+            return (f"{self.winner} beats {self.baseline} by {self.gain_rps:.2f} req/s, more than the spread "
+                    f"({self.noise_rps:.2f}): deploy {self.winner}")
+        return (f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the spread "
+                f"({self.noise_rps:.2f}): keep {self.baseline}")
+
 
 def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
@@ -276,10 +300,17 @@ class StudyResult:
 
     @property
     def winner(self) -> TrialRecord | None:
-        """The re-measured winner when the verdict is fresh, else the best."""
+        """The config the study declares best, the one written to best.yaml: when a fresh re-measurement exists,
+        the config it recommends (its winner if the gain beat the spread, else the baseline), else Optuna's best."""
         if self.remeasurement is not None:
-            return self.trial(self.remeasurement.winner_trial)
+            return self.trial(self.remeasurement.recommended_trial)
         return self.best
+
+    @property
+    def leader(self) -> TrialRecord | None:
+        """The searched config that led the re-measurement by less than the spread (not recommended), if any."""
+        n = self.remeasurement.leader_not_recommended if self.remeasurement is not None else None
+        return None if n is None else self.trial(n)
 
     @property
     def front(self) -> list[TrialRecord]:

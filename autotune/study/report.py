@@ -87,18 +87,12 @@ def verdict_line(result: StudyResult) -> str:
         return _no_winner(result)
     r = result.remeasurement
     if r is not None:  # the medians of the interleaved runs: the numbers the verdict itself compares
-        win, base = r.candidate(r.winner_trial) or r.candidates[0], r.candidates[-1]
-        bname = result.trial(base["trial"]).baseline or base["label"]
+        win, base = r.candidate(w.number) or r.candidates[-1], r.candidates[-1]
         head = (f"Winner: trial {w.number} ({_config(w)}): {win['median']:.2f} req/s within the SLOs "
                 f"(median of {len(win['capacities'])} runs)")
-        if r.winner_trial == base["trial"]:
-            return head + f"; no searched configuration beat {bname} when re-measured: keep {bname}."
-        head += f", {_pct(win['median'], base['median'])} over {bname} ({base['median']:.2f} req/s)"
-        if r.significant:
-            return head + (f"; the re-measured gain {r.gain_rps:.2f} req/s is beyond the spread "
-                           f"{r.noise_rps:.2f} req/s: significant.")
-        return head + (f"; the re-measured gain {r.gain_rps:.2f} req/s is within the spread {r.noise_rps:.2f} req/s: "
-                       f"not significant, keep {bname}.")
+        if win is not base:
+            head += f", {_pct(win['median'], base['median'])} over {base['label']} ({base['median']:.2f} req/s)"
+        return head + f"; re-measured, interleaved: {r.sentence()}."
     head = f"Winner: trial {w.number} ({_config(w)}): {w.capacity_rps:.2f} req/s within the SLOs"
     b = result.best_baseline
     if b is None:

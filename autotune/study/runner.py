@@ -141,7 +141,7 @@ def _ties(ranked: list[tuple[float, dict[str, Any]]]) -> str:
     """What the console says of configs predicted at the best capacity: the simulator's loads are 9 % apart, so
     they are a tie it cannot break, and only measuring them ranks them (on scripts/bench_search.py's TP-4 70B
     truths, a search that knew the truth's constants but not each config's few-percent noise would still
-    measure a median of 3.4 and 9.1 configs to reach 95 % of the optimum: README, "Measured")."""
+    measure a median of 3.4 and 9.1 configs to reach 95 % of the optimum: bench/README.md)."""
     tied = sum(1 for c, _ in ranked if c >= ranked[0][0] * (1 - 1e-9))
     return f", {tied} configs tied there (within the simulator's resolution: measuring ranks them)" if tied > 1 else ""
 
@@ -622,8 +622,8 @@ class StudyRun:
     def _highest_that_starts(self, trial: optuna.Trial, values: dict[str, Any]) -> dict[str, Any]:
         """Use what is known (issue 10, item 4): more KV cache memory seldom costs capacity while the engine starts
         (running every config at its highest starting utilization kept the optimum within 95 % in 29 of the 30
-        truths of scripts/bench_search.py; README), so a sampled trial runs at the highest gpu_memory_utilization
-        of the space that the start-up model says starts with the trial's other args, and below one this study
+        truths of scripts/bench_search.py; bench/README.md), so a sampled trial runs at the highest
+        gpu_memory_utilization of the space that the start-up model says starts with the trial's other args, and below one this study
         saw fail to start for real. Optuna keeps the sampled value (``Attr.UTILIZATION`` says both), as for vLLM's
         own rules (space.py)."""
         ceiling = trial.study.user_attrs.get(UTILIZATION_CEILING)

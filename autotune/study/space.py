@@ -71,7 +71,7 @@ class Param:
         """
         if not isinstance(spec, dict):
             raise ConfigError(f"{where} must be a table like {{ type = \"int\", low = 8, high = 256, default = 128 }}")
-        t = Table(spec, where, see="see 'Writing a study' in the README")
+        t = Table(spec, where, see="see 'Writing a study' in docs/study-file.md")
         t.only(("type", "default", "low", "high", "step", "log", "choices", "env", "when"))
         kind = t.string("type", choices=_KINDS)
         default = t.value("default")

@@ -17,6 +17,7 @@ import tomli_w
 
 from autotune.engine.args import EngineCommand
 from autotune.engine.gpu import GpuInfo
+from autotune.engine.model import locate
 from autotune.errors import ConfigError
 from autotune.measure.slo import parse_slos
 
@@ -73,16 +74,16 @@ def check_request(req: StudyRequest) -> None:
         raise ConfigError("give either --workload FILE or --scenario NAME, not both")
     if req.workload is not None and not req.workload.is_file():
         raise ConfigError(f"--workload {req.workload}: no such file")
-    local = Path(req.model).is_dir()
-    if local and not (Path(req.model) / "config.json").is_file():
+    if Path(req.model).is_dir() and not (Path(req.model) / "config.json").is_file():
         raise ConfigError(f"--model {req.model} has no config.json: give the directory the model was downloaded to")
-    tokenizer = req.tokenizer or (Path(req.model) if local else None)
-    if tokenizer is None:
-        raise ConfigError(f"--model {req.model} is not a local directory, so there is no tokenizer to build prompts "
-                          f"with: download it (huggingface-cli download {req.model} --local-dir models/NAME) and "
-                          "pass the directory, or add --tokenizer DIR")
-    if not tokenizer.exists():
-        raise ConfigError(f"--tokenizer {tokenizer}: no such file or directory")
+    if req.tokenizer is not None and not req.tokenizer.exists():
+        raise ConfigError(f"--tokenizer {req.tokenizer}: no such file or directory")
+    if req.tokenizer is None and req.workload is None:  # a synthetic workload's prompts are built with it
+        files = locate(req.model)
+        if files.tokenizer is None:
+            where = (f"{files.directory} holds no tokenizer.json" if files.directory is not None else files.found)
+            raise ConfigError(f"{where}: the prompts are built with the model's tokenizer: rerun with --download to "
+                              f"fetch its config and tokenizer (or `{files.fetch_command()}`), or add --tokenizer DIR")
     if req.trials < 1:
         raise ConfigError("--trials must be at least 1")
 
@@ -114,7 +115,7 @@ def render_study(req: StudyRequest, platform: Platform, default_space: dict[str,
     slos = ", ".join(_toml_value(s) for s in req.slos)
     out = [
         f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(req.runs_dir)}/{name}/study.toml",
-        "# Edit anything below; 'Writing a study' in the README documents every key.",
+        "# Edit anything below; 'Writing a study' in autotune's docs/study-file.md documents every key.",
         f"name = {_toml_value(name)}",
         "# p95 unless a percentile is given: 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'rps>5'",
         f"slos = [{slos}]",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
+from autotune.workload.prompts import PromptBuilder, Tokenizer, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
 from autotune.workload.trace import MAX_TOKENS, Workload, read_workload
 
@@ -31,6 +31,8 @@ class WorkloadSpec:
     api: str | None = None  # force chat or completion
     output_tokens: int | None = None  # fix every output length
     tokenizer: Path | None = None  # a model directory or tokenizer.json
+    # what to do when prompts need a tokenizer and there is none, said for where the spec came from
+    no_tokenizer: str = "pass --tokenizer DIR (a directory with tokenizer.json)"
 
     def __post_init__(self) -> None:
         """Numbers no workload can be made with are errors here, before anything is read or started.
@@ -151,35 +153,46 @@ def length_flags(prompt_tokens: str | None, prefix_tokens: str | None, output_to
     return overrides, fixed_out
 
 
-def check(spec: WorkloadSpec) -> None:
-    """Fail as ``load`` would, cheaply: the whole trace is read and checked, a few prompts built."""
-    load(replace(spec, num_requests=min(spec.num_requests or 4, 4)))
+def check(spec: WorkloadSpec, *, build_prompts: bool = True) -> bool:
+    """Fail as ``load`` would, cheaply: the whole trace is read and checked, a few prompts built.
+
+    With ``build_prompts=False`` (a dry run, which prints command lines only) prompts that need a tokenizer
+    there is none of are not built; returns whether every prompt the workload needs could be built."""
+    small = replace(spec, num_requests=min(spec.num_requests or 4, 4))
+    if build_prompts or small.tokenizer is not None:
+        load(small)
+        return True
+    return all(r.has_text for r in _requests(small, None).requests)
 
 
 def load(spec: WorkloadSpec) -> Workload:
-    if (spec.trace is None) == (spec.scenario is None):
-        raise ConfigError("give a workload: either a trace file (--workload FILE) or a scenario (--scenario chat)")
     tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer is not None else None
-    if spec.trace is not None:
-        workload = read_workload(
-            spec.trace, rate=spec.rate, burstiness=spec.burstiness, seed=spec.seed,
-            count_tokens=tokenizer.count if tokenizer else None, output_tokens=spec.output_tokens,
-            api=spec.api, limit=spec.num_requests if spec.num_requests else None,
-        )
-    else:
-        if spec.rate is None:
-            raise ConfigError("a synthetic workload needs a request rate, e.g. --rate 4")
-        overrides = dict(spec.overrides)
-        if spec.api is not None:
-            overrides["api"] = spec.api
-        if spec.output_tokens is not None:
-            overrides["output_tokens"] = (spec.output_tokens, spec.output_tokens)
-        scenario = SCENARIOS[spec.scenario].with_overrides(**overrides)
-        workload = synthesize(scenario, rate=spec.rate, num_requests=spec.num_requests,
-                              burstiness=spec.burstiness, seed=spec.seed)
+    workload = _requests(spec, tokenizer)
     if all(r.has_text for r in workload.requests):
         return workload
     if tokenizer is None:
         raise ConfigError("this workload gives prompt lengths in tokens; the prompts are built with the model's "
-                          "tokenizer: pass --tokenizer DIR (a directory with tokenizer.json)")
+                          f"tokenizer: {spec.no_tokenizer}")
     return materialize(workload, PromptBuilder(tokenizer), seed=spec.seed)
+
+
+def _requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> Workload:
+    """The trace read, or the scenario synthesized: prompts as text where the source gives text, else lengths."""
+    if (spec.trace is None) == (spec.scenario is None):
+        raise ConfigError("give a workload: either a trace file (--workload FILE) or a scenario (--scenario chat)")
+    if spec.trace is not None:
+        return read_workload(
+            spec.trace, rate=spec.rate, burstiness=spec.burstiness, seed=spec.seed,
+            count_tokens=tokenizer.count if tokenizer else None, output_tokens=spec.output_tokens,
+            api=spec.api, limit=spec.num_requests if spec.num_requests else None,
+        )
+    if spec.rate is None:
+        raise ConfigError("a synthetic workload needs a request rate, e.g. --rate 4")
+    overrides = dict(spec.overrides)
+    if spec.api is not None:
+        overrides["api"] = spec.api
+    if spec.output_tokens is not None:
+        overrides["output_tokens"] = (spec.output_tokens, spec.output_tokens)
+    scenario = SCENARIOS[spec.scenario].with_overrides(**overrides)
+    return synthesize(scenario, rate=spec.rate, num_requests=spec.num_requests,
+                      burstiness=spec.burstiness, seed=spec.seed)

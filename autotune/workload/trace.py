@@ -227,7 +227,8 @@ def _request_from_row(row: dict, p: Path, n: int, timed: bool, output_tokens: in
     where = f"{p}:{n}"
     unknown = set(row) - _FIELDS
     if unknown and timed:
-        raise TraceFormatError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; see the trace format in the README")
+        raise TraceFormatError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
+                               "see the trace format in docs/study-file.md")
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise TraceFormatError(f"{where}: prompt must be a string")

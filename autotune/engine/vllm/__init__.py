@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune.engine.args import EngineArgs
@@ -60,3 +61,6 @@ class VllmKind(EngineKind):
 
     def parse_config(self, text: str, source: str = "") -> tuple[str | None, dict[str, Any]]:
         return config.parse(text, source)
+
+    def container_line(self, model: str, config_path: Path, env: Mapping[str, str], version: str | None) -> str:
+        return config.container_line(model, config_path, env, version)

@@ -6,15 +6,24 @@ best.yaml and production's config are both written here.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from autotune.engine.flags import dest_of, flag_of
+from autotune.engine.secrets import REDACTED
 from autotune.errors import ConfigError
 
-__all__ = ["STAGING_ONLY", "production_values", "render", "parse"]
+__all__ = ["STAGING_ONLY", "production_values", "render", "parse", "container_line"]
+
+# vLLM's official image runs `vllm serve` (its Dockerfile's ENTRYPOINT ["vllm", "serve"]): what follows the
+# image name on a `docker run` line are vllm serve's own arguments
+IMAGE = "vllm/vllm-openai"
+CONFIG_IN_CONTAINER = "/etc/vllm/config.yaml"
+CONTAINER_ARGS = ("--config", CONFIG_IN_CONTAINER, "--host", "0.0.0.0", "--port", "8000")
 
 # staging-only values: measuring with random weights is fine, serving them is not
 STAGING_ONLY: dict[str, Any] = {"load_format": "dummy"}
@@ -32,6 +41,22 @@ def _entry(name: str, value: Any) -> tuple[str, Any]:
     # becomes --no-key, which the serve parser reads: the same argv EngineArgs.to_args gives.
     flag = flag_of(name)[2:]
     return (f"no-{flag}", True) if value is False else (flag, value)
+
+
+def container_line(model: str, config_path: Path, env: Mapping[str, str], version: str | None) -> str:
+    """``docker run`` of the official image serving ``config_path``: all GPUs, the host's Hugging Face cache
+    mounted where the image looks (/root/.cache/huggingface), port 8000 published on localhost only, a local
+    model directory mounted read-only at its own path, ``env`` passed (a redacted secret by name only, so
+    docker takes it from the caller's environment). The tag is the vLLM version the study measured."""
+    tag = f"v{version.split('+')[0]}" if version else "latest"
+    words = ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-p", "127.0.0.1:8000:8000"]
+    cache = '-v "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface"'  # expanded by the shell
+    mounts = ["-v", f"{Path(config_path).resolve()}:{CONFIG_IN_CONTAINER}:ro"]
+    if Path(model).is_dir():
+        mounts += ["-v", f"{Path(model).resolve()}:{Path(model).resolve()}:ro"]
+    envs = ["-e", "HF_TOKEN"] + [a for k, v in env.items() if k != "HF_TOKEN"
+                                 for a in ("-e", k if v == REDACTED else f"{k}={v}")]
+    return " ".join([shlex.join(words), cache, shlex.join([*mounts, *envs, f"{IMAGE}:{tag}", *CONTAINER_ARGS])])
 
 
 def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
