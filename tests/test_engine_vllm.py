@@ -14,12 +14,10 @@ import httpx
 import psutil
 import pytest
 
-from autotune.engine.failures import FailureClass
 from autotune.engine.vllm.flags import table_for_command as table_for_engine
-from autotune.engine.launcher import Engine, LaunchSpec, port_is_free
-from autotune.engine.vllm.failures import PATTERNS
+from autotune.engine.launcher import port_is_free
 from autotune.engine.leftovers import group_members
-from autotune.errors import EngineFailure, UnknownFlagError
+from autotune.errors import UnknownFlagError
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.engine
@@ -63,23 +61,6 @@ def test_default_config_measured_end_to_end(tiny_model, vllm_command, engine_env
     assert "Application startup complete" in (tmp_path / "logs" / "engine.stderr.log").read_text() + \
         (tmp_path / "logs" / "engine.stdout.log").read_text()
     assert no_engine_on(port) and port_is_free("127.0.0.1", port)
-
-
-def test_kv_cache_too_small_is_oom(tiny_model, vllm_command, engine_env, tmp_path):
-    port = free_port()
-    env = {k: v for k, v in engine_env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # it would override the bytes
-    spec = LaunchSpec(argv=[*vllm_command, str(tiny_model), "--port", str(port), "--kv-cache-memory-bytes",
-                            "33554432", "--max-model-len", "32768"], port=port, env=env, log_dir=tmp_path / "logs",
-                      state_dir=tmp_path / "state", startup_timeout=600, failure_patterns=PATTERNS)
-    engine = Engine(spec)
-    with pytest.raises(EngineFailure) as info:
-        engine.start()
-    f = info.value.failure
-    assert f.failure_class is FailureClass.OOM
-    assert "KV cache is needed, which is larger than the available KV cache memory" in f.summary
-    assert "EngineCore" in f.excerpt or "Traceback" in f.excerpt
-    assert group_members(engine.pid) == []
-    assert no_engine_on(port)
 
 
 def test_unknown_flag_refused_by_vllms_own_parser(vllm_command, tiny_model, tmp_path):

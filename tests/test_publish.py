@@ -64,6 +64,10 @@ def test_a_good_config_is_published_and_verified(production, tmp_path, tiny_mode
     assert [e.outcome for e in history.entries()] == ["adopted", "published"]
     assert production.deployed()["max_num_seqs"] == 128
     assert result.entry.canary["slos"][0]["holds"] is True
+    # the same config as the vllm/vllm-openai container would run it, beside it in the file
+    container = [x for x in production.config_path.read_text().splitlines() if "in the official container" in x]
+    assert len(container) == 1 and f"{production.config_path.resolve()}:/etc/vllm/config.yaml:ro" in container[0]
+    assert "vllm/vllm-openai:v0.33" in container[0]
     r = httpx.post(f"{production.url}/v1/completions", json={"model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200
 
