@@ -83,7 +83,8 @@ class VllmConfigTarget:
     def deploy(self, values: Mapping[str, Any], header: Sequence[str] = ()) -> None:
         values = self.production_values(values)
         self.validate(values)
-        container = self.engine.container_line(self.model, self.config_path, {}, self.table.version)
+        version = self.table.version if self.table is not None else None  # the image tag: the version it checks
+        container = self.engine.container_line(self.model, self.config_path, {}, version)
         header = [*header, *([f"in the official container: {container}"] if container else [])]
         # 0640: the vllm unit's user reads it through group vllm (systemd/README.md)
         atomic_write(self.config_path, self.engine.render_config(self.model, values, header), 0o640)
