@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 STUDY = """
 name = "tiny-real"
-# TTFT with headroom: this shared 2-core VM stalls for ~0.5 s now and then; queueing (the
-# poor baseline's failure mode) grows without bound and still fails it clearly. TPOT is loose on
-# purpose: 128 streams on a starved core miss a tight TPOT that 8 meet (seen: the defaults 2.89
-# req/s, 8 slots 5.79, tpot<50ms, beside other tests), a real trade-off that would decide the test
-slos = ["ttft<1s", "tpot<500ms"]
+# TTFT with headroom: this shared 2-core VM stalls for 2-3.5 s now and then when another process wants
+# its cores; queueing (the poor baseline's failure mode) grows without bound and still fails it by
+# far. TPOT is loose on purpose: 128 streams on a starved core miss a tight TPOT that fewer slots
+# meet, a real trade-off that would decide the test
+slos = ["ttft<3s", "tpot<500ms"]
 seed = 3
 precheck = false        # let the 32 MiB candidate reach vLLM: a real oom, not the pre-check's
 storage = "sqlite:///{runs}/studies.db"
@@ -54,7 +54,7 @@ kv_cache_memory_bytes = {{ type = "categorical", choices = [33554432, 268435456]
 
 [workload]
 scenario = "high-concurrency"
-rate = 12
+rate = 24               # the ladder offers 24, 48, 96 req/s, or 12 and 6 where 24 misses
 requests = 64
 prompt_tokens = [32, 64]
 output_tokens = [96, 128]   # long enough that requests overlap and max_num_seqs binds
@@ -68,7 +68,7 @@ trials = 4              # the three baselines and one sampled config
 [baselines]
 builtin = ["vllm-defaults"]
 extra = [
-  {{ name = "max-num-seqs-8", values = {{ max_num_seqs = 8 }} }},
+  {{ name = "max-num-seqs-1", values = {{ max_num_seqs = 1 }} }},
   {{ name = "kv-32MiB", values = {{ kv_cache_memory_bytes = 33554432 }} }},
 ]
 
@@ -97,7 +97,7 @@ def test_a_study_beats_the_poor_baseline_prunes_the_oom_and_remeasures_interleav
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 4
     by_name = {t.user_attrs.get("baseline"): t for t in study.trials if t.user_attrs.get("baseline")}
-    assert {"vllm-defaults", "max-num-seqs-8", "kv-32MiB"} <= set(by_name)
+    assert {"vllm-defaults", "max-num-seqs-1", "kv-32MiB"} <= set(by_name)
 
     # real vLLM's own out-of-memory, read from its log and classified (the launcher's kill of what a failed start
     # leaves is checked by the end of the run: no process may outlive the suite)
@@ -109,15 +109,15 @@ def test_a_study_beats_the_poor_baseline_prunes_the_oom_and_remeasures_interleav
     assert oom.user_attrs["failure_engine_seconds"] > 0  # vLLM itself ran and failed
     assert oom.system_attrs["constraints"] == [1000.0, 1000.0]  # written the legacy way, for the dashboard
 
-    # Why this cannot flake: with only TTFT binding (TPOT is loose, above), 8 slots against the dozens of requests
-    # in flight at the ladder's loads queue most of them, and the defaults' 128 queue none; a step of the tiny
-    # model costs little more for dozens of sequences than for 8, so the gap follows the slots' ratio (alone, in
-    # the fresh-clone CI run: 8.2 req/s against 23.2, where the defaults passed the ladder's last step, so the
-    # true gap is wider; with tpot<50ms and four steps: 3.6 against 40.7). What it needs
-    # is a host where the defaults hold the ladder's lowest step: beside the other tests they did not (both
-    # measured 0), which is why the real engines run alone (scripts/run_tests.sh). Which of two close configs wins
-    # is not asserted anywhere here: that is the re-measurement's job, checked below by its mechanism.
-    poor = by_name["max-num-seqs-8"].user_attrs["capacity_rps"]
+    # Why this cannot flake: one slot serves one stream at a time, about 3 req/s of these requests on this host,
+    # so at the ladder's loads (24, 12, 6 req/s) its queue grows through the whole step and TTFT misses by
+    # seconds (seen: 2.7 s p95 already at 2.9 req/s); the defaults' 128 slots queue nothing and need only hold one
+    # of those steps (seen: 46 req/s on an idle host; a 3.4 s stall at 2.9 req/s while other tests ran, which is
+    # why the real engines run alone, scripts/run_tests.sh). Eight slots made no poor baseline: at 12 req/s about
+    # 8 requests are in flight, so 8 slots and 128 measured within this host's noise and 8 won once in CI (11.6
+    # against 8.2). Which of two close configs wins is not asserted anywhere here: that is the re-measurement's
+    # job, checked below by its mechanism.
+    poor = by_name["max-num-seqs-1"].user_attrs["capacity_rps"]
     assert by_name["vllm-defaults"].user_attrs["capacity_rps"] > poor, (by_name["vllm-defaults"].user_attrs, poor)
 
     verdict = study.user_attrs["remeasure"]
