@@ -12,8 +12,8 @@ from rich.table import Table
 
 from autotune.measure.session import Outcome
 from autotune.measure.tables import outcome_tables
-from autotune.study.lines import elapsed_text, gain_text, same_trial, trial_line
-from autotune.study.records import Remeasurement, StudyResult, TrialRecord
+from autotune.study.lines import capacity_text, elapsed_text, gain_text, same_trial, trial_line
+from autotune.study.records import Remeasurement, StudyResult, TrialRecord, held_every_load
 
 out = Console()
 err = Console(stderr=True)
@@ -41,9 +41,10 @@ def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
             "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
             "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s, "race": r.race,
             "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
+            "capacity_at_least": r.capacity_at_least,
             "gain": (r.capacity_rps / reference.capacity_rps - 1)
             if reference is not None and not same_trial(r, reference)
-            and reference.capacity_rps > 0 and r.feasible else None}
+            and reference.capacity_rps > 0 and not reference.capacity_at_least and r.feasible else None}
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ class Progress:
         of = f"/{self.budget}" if self.budget else ""
         best = "no trial within the SLOs yet"
         if self.best is not None:
-            best = f"{self.best.capacity_rps:.2f} req/s (trial {self.best.number}"
-            gain = "" if same_trial(self.best, self.reference) else gain_text(self.best.capacity_rps, self.reference)
+            best = f"{capacity_text(self.best)} (trial {self.best.number}"
+            gain = "" if same_trial(self.best, self.reference) else gain_text(self.best, self.reference)
             best += gain + ")"
         spent = f"{'GPU' if self.gpu else 'engine'} time {elapsed_text(self.engine_s)}"
         left = f", about {elapsed_text(self.left_s)} left" if self.left_s is not None else ""
@@ -218,20 +219,27 @@ def print_comparison(rows, remeasure: Remeasurement | None) -> None:
     t = Table(title="best config against the baselines")
     for col in ("config", "trial", "capacity req/s", "output tok/s", "p95 TTFT ms", "gain", "state"):
         t.add_column(col, justify="left" if col in ("config", "state") else "right")
-    best = rows[0].capacity_rps if rows and rows[0].label.startswith("best") else None
+    best = rows[0] if rows and rows[0].label.startswith("best") else None
     for r in rows:
-        gain = "-"
-        if best is not None and r is not rows[0]:
-            gain = f"{(best / r.capacity_rps - 1) * 100:+.0f}%" if r.capacity_rps > 0 else "from 0"
-        t.add_row(r.label, str(r.trial), f"{r.capacity_rps:.2f}", f"{r.output_tok_s:.1f}",
+        gain = "-"  # none over a row that held every load: its capacity is unknown
+        if best is not None and r is not rows[0] and not r.at_least:
+            by = "≥" if best.at_least else ""
+            gain = f"{by}{(best.capacity_rps / r.capacity_rps - 1) * 100:+.0f}%" if r.capacity_rps > 0 else "from 0"
+        t.add_row(r.label, str(r.trial), f"{'≥' if r.at_least else ''}{r.capacity_rps:.2f}", f"{r.output_tok_s:.1f}",
                   "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.0f}", gain, r.state)
     out.print(t)
+    if any(r.at_least for r in rows):
+        out.print("≥: every load the ladder offered held, so the capacity is at least this (a higher [objective] "
+                  "max_steps finds it); no gain is computed over it", markup=False, highlight=False)
     if remeasure:
         m = Table(title="re-measured, interleaved (capacity req/s)")
         for col in ("candidate", "runs", "median", "spread"):
             m.add_column(col)
         for c in remeasure.candidates:
-            m.add_row(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
+            steps = c.get("runs") or []
+            runs = [f"{'≥' if i < len(steps) and held_every_load(steps[i]) else ''}{x:.2f}"
+                    for i, x in enumerate(c["capacities"])]
+            m.add_row(c["label"], ", ".join(runs), f"{c['median']:.2f}", f"{c['spread']:.2f}")
         out.print(m)
         out.print(remeasure.sentence())
 
@@ -249,11 +257,11 @@ def print_pareto(front) -> None:
         out.print("no trial met every SLO: the front is empty")
 
 
-def print_history(entries, production=None) -> None:
+def print_history(entries) -> None:
     """The publish history, newest last: what production ran, what each entry changed against the good
     config before it, and why. Names are never cut: the table is as wide as its content. Under it, the
-    proposal that waits for approval: its values, its diff against ``production`` (the values production
-    runs now; default: the last good entry's) and its gain."""
+    proposal that waits for approval: its values, its diff against the config production ran when its tuning
+    measured it (a proposal from before the daemon recorded that: the last good entry's) and its gain."""
     import time
 
     good_before: dict[int, object] = {}
@@ -277,8 +285,11 @@ def print_history(entries, production=None) -> None:
     _print_whole(t)
     proposal = next((e for e in reversed(entries) if e.outcome == "proposed"), None)
     if proposal is not None:
-        for line in proposal_lines(proposal, production if production is not None else
-                                   (last.values if last is not None else None)):
+        # against what production ran when the tuning measured it, else the last good entry
+        against = proposal.source.get("production")
+        if against is None:
+            against = last.values if last is not None else None
+        for line in proposal_lines(proposal, against):
             out.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
 
 

@@ -156,6 +156,8 @@ def _shares_module_fixture(item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):  # -p no:xdist (the real engines' run): no groups to mark
+        return
     for item in items:
         if _shares_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))

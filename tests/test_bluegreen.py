@@ -321,7 +321,6 @@ def test_a_daemon_killed_at_a_step_of_the_switch_resumes_to_one_color_serving(ri
     seen = traffic.result()
     entry = history.get(proposal.number)
     assert f"recovered entry {entry.number}: {entry.outcome}" in journal, journal
-    assert store.load().phase is Phase.WATCHING
     live = target.live()
     other = target.other(live)
     assert color_serving(live.url) and not color_serving(other.url)  # one color serving, the other stopped
@@ -330,8 +329,13 @@ def test_a_daemon_killed_at_a_step_of_the_switch_resumes_to_one_color_serving(ri
     if step in ("starting", "canary") or (step == "switching" and not switched):
         assert entry.outcome == "rolled-back" and live.name == "blue"
         assert "interrupted at step" in entry.reason
+        # approved for a publish that never reached users: proposed again, for a person to approve again
+        again = history.proposal()
+        assert again is not None and again.number > entry.number and again.values == entry.values
+        assert store.load().phase is Phase.AWAITING_APPROVAL and "approve" in store.load().note
     else:
         assert entry.outcome == "published" and live.name == "green"
+        assert store.load().phase is Phase.WATCHING
     assert failed(seen) == []
 
 

@@ -25,6 +25,20 @@ def test_a_measured_trial_says_its_capacity_and_gain_over_the_reference():
     assert trial_line(DEFAULTS, DEFAULTS).endswith("-> 4.00 req/s within the SLOs (500 output tok/s) [2m05s]")
 
 
+def test_a_trial_that_held_every_load_says_at_least_and_no_gain_is_computed_over_it():
+    held = [{"load": 1.0, "rate": 4.0, "passed": True}, {"load": 2.0, "rate": 8.0, "passed": True}]
+    r = record(5, TrialState.COMPLETE, {"constraints": [-0.2], "capacity_rps": 8.0, "capacity_output_tok_s": 900.0,
+                                        "steps": held}, value=8.0)
+    assert trial_line(r, DEFAULTS) == ("trial 5 (sampled) max_num_seqs=64 -> at least 8.00 req/s within the SLOs "
+                                       "(900 output tok/s; it held every load offered), at least +100% vs "
+                                       "vllm-defaults")
+    floor = record(0, TrialState.COMPLETE, {**DEFAULTS.attrs, "steps": held}, value=4.0)
+    missed = [*held, {"load": 4.0, "rate": 16.0, "passed": False}]
+    r = record(6, TrialState.COMPLETE, {"constraints": [-0.2], "capacity_rps": 8.0, "capacity_output_tok_s": 900.0,
+                                        "steps": missed}, value=8.0)
+    assert trial_line(r, floor) == "trial 6 (sampled) max_num_seqs=64 -> 8.00 req/s within the SLOs (900 output tok/s)"
+
+
 def test_a_failure_says_its_class_and_the_line_that_proves_it():
     r = record(4, TrialState.PRUNED, {"failure_class": "oom", "constraints": [1000.0],
                                       "failure": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})

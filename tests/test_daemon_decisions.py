@@ -277,13 +277,18 @@ def test_trigger_notes_read_as_a_person_would_say_them():
 
 # --- 7: warm starts neither repeat production or the defaults nor eat the budget --------------------------
 
-def _earlier_study(storage, name, winners):
+def _earlier_study(storage, name, winners, floors=()):
+    """Earlier winners (capacity, max_num_seqs), each bracketed by a load that missed above it; those in ``floors``
+    held every load their ladder offered (their capacity is where it stopped)."""
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
-    for capacity, seqs in winners:
+    for capacity, seqs in [*winners, *floors]:
+        steps = [{"load": 1.0, "rate": capacity, "passed": True}]
+        if (capacity, seqs) not in floors:
+            steps.append({"load": 1.25, "rate": capacity * 1.25, "passed": False})
         study.add_trial(create_trial(
             params={"max_num_seqs": seqs}, distributions={"max_num_seqs": IntDistribution(2, 64, log=True)},
             value=capacity, state=TrialState.COMPLETE,
-            user_attrs={Attr.CONSTRAINTS: [0.0], Attr.CAPACITY_RPS: capacity,
+            user_attrs={Attr.CONSTRAINTS: [0.0], Attr.CAPACITY_RPS: capacity, Attr.STEPS: steps,
                         Attr.ENGINE_ARGS: {"values": {"max_num_seqs": seqs}, "env": {}}}))
 
 
@@ -302,8 +307,9 @@ def test_warm_starts_skip_production_and_the_defaults_and_keep_to_a_third_of_the
         return {b.name: b.values for b in load_study(out).baselines}
 
     storage = load_study_storage(tmp_path, text)
-    # the best earlier winners: production's own config (2), vLLM's defaults (the space's default, 64), then others
-    _earlier_study(storage, "prod-tune-001", [(12.0, 2), (11.0, 64), (10.0, 32), (9.0, 16)])
+    # the best earlier winners: production's own config (2), vLLM's defaults (the space's default, 64), then others;
+    # a ladder ceiling (40 req/s, every load held) is no measured capacity and never a warm start
+    _earlier_study(storage, "prod-tune-001", [(12.0, 2), (11.0, 64), (10.0, 32), (9.0, 16)], floors=[(40.0, 48)])
     _earlier_study(storage, "prod-tune-002", [(8.0, 8), (7.0, 4), (6.5, 32)])
     assert baselines(9) == {"production": {"max_num_seqs": 2}, "earlier-1": {"max_num_seqs": 32},
                             "earlier-2": {"max_num_seqs": 16}, "earlier-3": {"max_num_seqs": 8}}  # 9 trials: 3 at most
@@ -634,3 +640,176 @@ def test_publish_approve_no_wait_records_it_and_a_timeout_says_no_daemon_took_it
     assert code == 1 and "no daemon has taken the approval yet" in err[-1], err
     assert History(root / "history").get(2).outcome == "proposed"  # nothing published by the command itself
     assert not (p.parent / "restarted").exists()
+
+
+# --- issue 30, 3: a publish is a diff of the tuned keys --------------------------------------------------------
+
+def test_a_proposal_changes_only_the_tuned_keys_and_production_keeps_its_own(capsys, daemon_file, state_dir,
+                                                                            tiny_model, monkeypatch):
+    """Production runs keys the staging study does not have (a utilization, a longer context); staging fixes keys
+    production must never get (its tokenizer path, its max_model_len). The proposal changes max_num_seqs alone."""
+    p = daemon_file(top="")
+    (p.parent / "etc" / "production.yaml").write_text(
+        "model: llama-3.1-8b\nmax-num-seqs: 32\ngpu-memory-utilization: 0.9\nmax-model-len: 16384\n")
+    d = Daemon(replace(load_daemon_config(p), approval=True))
+    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
+    monkeypatch.setattr(d, "_spawn", lambda: None)
+    d._start_tuning("requested: test", Fingerprint.from_json(_fingerprint()))
+    staging_only = {"max_model_len": 8192, "tokenizer": str(tiny_model)}  # tests/test_daemon.py's [engine.args]
+
+    def ran(number, baseline, capacity, max_num_seqs):
+        attrs = {Attr.CAPACITY_RPS: capacity, Attr.CONSTRAINTS: [0.0],
+                 Attr.ENGINE_ARGS: {"values": {"max_num_seqs": max_num_seqs, **staging_only}, "env": {}},
+                 **({Attr.BASELINE: baseline} if baseline else {})}
+        return TrialRecord(number, TrialState.COMPLETE, {"max_num_seqs": max_num_seqs}, (capacity,), attrs)
+
+    records = [ran(0, "production", 5.0, 32), ran(1, "vllm-defaults", 6.0, 64), ran(2, None, 11.0, 48)]
+    cands = [_cand("trial 2", 2, [11.0, 10.9, 11.1]), _cand("baseline vllm-defaults", 1, [6.0, 6.1, 5.9])]
+    result = StudyResult(records, False, _verdict(cands, "trial 2", "baseline vllm-defaults", 5.0, 0.2), 2)
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
+    d._finish_tuning(0)
+
+    proposal = d.history.proposal()
+    assert proposal is not None, d.state.note
+    assert proposal.values == {"max_num_seqs": 48, "gpu_memory_utilization": 0.9, "max_model_len": 16384}
+    capsys.readouterr()
+    code, out, err = cli(capsys, "history", "--config", p)
+    assert code == 0, err
+    assert "  against production: max_num_seqs 32 -> 48\n" in out, out
+
+
+def test_a_tuned_key_the_winner_ran_without_is_unset_and_a_baselines_own_value_is_kept():
+    from autotune.daemon.tuning import for_production
+
+    deployed = {"max_num_seqs": 32, "enable_prefix_caching": False, "max_model_len": 16384}
+    # the winner ran prefix caching at vLLM's default (the space searched it) and a baseline's own block size
+    ran = {"max_num_seqs": 48, "block_size": 32, "tokenizer": "/staging/tok"}
+    tuned = {"max_num_seqs", "enable_prefix_caching", "block_size"}
+    assert for_production(deployed, ran, tuned) == {"max_num_seqs": 48, "block_size": 32, "max_model_len": 16384}
+    assert for_production(None, ran, tuned) == {"max_num_seqs": 48, "block_size": 32}
+
+
+# --- issue 30, 2: a ladder's ceiling is no capacity ----------------------------------------------------------
+
+def test_no_publish_over_a_production_that_held_every_load_and_a_floor_winner_gains_at_least():
+    held = [{"load": 1.0, "passed": True}, {"load": 2.0, "passed": True}]  # where the ladder stopped, not a capacity
+    missed = [*held, {"load": 4.0, "passed": False}]
+
+    def result(prod_steps, pick_steps):
+        records = [_record(0, "production", 5.0, 32), _record(1, "vllm-defaults", 6.0, 64), _record(2, None, 11.0, 48)]
+        cands = [{**_cand("trial 2", 2, [11.0, 10.9, 11.1]), "runs": [pick_steps] * 3},
+                 {**_cand("baseline production", 0, [5.0, 5.1, 4.9]), "runs": [prod_steps] * 3}]
+        for c in cands:
+            c["at_least"] = any(s == held for s in c["runs"])
+        return StudyResult(records, False, _verdict(cands, "trial 2", "baseline production", 6.0, 0.2), 2)
+
+    c = tuning.choose(result(held, missed))
+    assert c.trial is None and "production's config held every load it was offered" in c.why, c
+    c = tuning.choose(result(missed, held))
+    assert c.trial == 2 and c.why.startswith("trial 2 at least 11.00 req/s vs production 5.00: +6.00 req/s"), c
+
+
+# --- issue 30, 4-6: true numbers; a publish a restart cut short is said, and an approved one asked again ----------
+
+def test_an_approved_publish_a_crash_cut_before_deploying_is_proposed_again_and_status_says_so(capsys, daemon_file,
+                                                                                                 state_dir):
+    p = daemon_file()
+    root = state_dir / "daemon" / "prod"
+    entry(root, 1, "adopted", {"max_num_seqs": 2})  # what production.yaml still holds: the crash came before writing
+    entry(root, 2, "pending", {"max_num_seqs": 32},
+          source={"study": "prod-tune-001", "trial": 3, "approved": "by hand", "why": "+6.00 req/s"})
+    StateStore(root).save(DaemonState(phase=Phase.PUBLISHING, last_decision="publishing entry 2 (approved by hand)"))
+    metrics = DaemonMetrics()
+    d = Daemon(replace(load_daemon_config(p), approval=True), metrics=metrics)
+    d._resume()
+    entries = d.history.entries()
+    assert [(e.number, e.outcome) for e in entries] == [(1, "adopted"), (2, "rolled-back"), (3, "proposed")]
+    assert entries[2].values == {"max_num_seqs": 32} and "approved" not in entries[2].source
+    assert not entries[1].reached_production
+    assert d.state.phase is Phase.AWAITING_APPROVAL
+    assert d.state.last_decision.startswith("recovered entry 2: rolled-back (interrupted before it was "
+                                            "deployed); it was approved but never served"), d.state.last_decision
+    text = generate_latest(metrics.registry).decode()
+    assert "autotune_rollbacks_total 0.0" in text, text  # nothing production served was rolled back
+    assert 'autotune_publishes_total{outcome="abandoned"} 1.0' in text
+    assert not (p.parent / "restarted").exists()
+    capsys.readouterr()
+    code, out, _ = cli(capsys, "status", "--config", p)
+    assert code == 0 and "last decision:" in out and "publishing entry 2" not in out, out
+
+
+def test_unknown_is_absent_and_a_removed_slo_leaves_no_gauge():
+    from types import SimpleNamespace
+
+    metrics = DaemonMetrics()
+    text = generate_latest(metrics.registry).decode()
+    for name in ("autotune_best_capacity_requests_per_second", "autotune_production_capacity_requests_per_second",
+                 "autotune_traffic_drift_score", "autotune_production_request_rate"):
+        assert f"\n{name} " not in text, name  # nothing measured yet: no sample, not a 0
+    metrics.best_capacity.set(7.5)
+    assert "autotune_best_capacity_requests_per_second 7.5" in generate_latest(metrics.registry).decode()
+
+    def estimate(text, holds):
+        return SimpleNamespace(slo=SimpleNamespace(text=text), value=0.2, holds=holds)
+
+    metrics.set_slos([estimate("p95:ttft<500ms", False)])
+    metrics.set_slos([estimate("p95:ttft<800ms", True)])  # after a reload that replaced the SLO
+    text = generate_latest(metrics.registry).decode()
+    assert 'autotune_production_slo_met{slo="p95:ttft<800ms"} 1.0' in text
+    assert "ttft<500ms" not in text, text
+
+
+def test_a_part_window_is_not_judged(daemon_file):
+    from autotune.daemon.window import Window
+
+    d = Daemon(load_daemon_config(daemon_file()))
+    part = Window(0.0, 0.6 * d.cfg.window_s, {"requests": 200.0}, {}, {}, False, {}, None, 2)  # judged before
+    d.watcher.poll = lambda: part
+    assert d._observe() == Observation(None, None)
+
+
+# --- issue 30, 1: a tuning imitates the traffic after a jump, and production is then judged against that ----------
+
+def test_a_jump_in_rate_is_imitated_at_the_new_rate_and_recorded_as_tuned_for(daemon_file, monkeypatch):
+    from autotune.daemon.prometheus import Snapshot
+
+    d = Daemon(load_daemon_config(daemon_file()))
+    every = d.cfg.scrape_interval_s
+    # a full window at 0.3 req/s (the traffic recorded as tuned for), then users jump to 3.0 for a fifth of a window
+    rates = [0.3] * round(d.cfg.window_s / every) + [3.0] * round(0.2 * d.cfg.window_s / every)
+    snaps, total = [Snapshot(0.0, {"requests": 0.0}, {}, {})], 0.0
+    for i, rate in enumerate(rates, 1):
+        total += rate * every
+        snaps.append(Snapshot(every * i, {"requests": total}, {}, {}))
+    feed = iter(snaps)
+    d.watcher.poll = lambda: d.watcher.add(next(feed))
+    for _ in snaps:
+        obs = d._observe()
+    window = d.watcher.window()
+    assert window.dt >= d.cfg.window_s and window.arrival_rate < 1.0  # the window's mean: what was imitated before
+    assert d.fingerprint.request_rate == pytest.approx(3.0), d.fingerprint
+    assert obs.drift is not None and obs.drift > 2.0  # against 0.3 req/s, recorded from the first full window
+
+    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
+    monkeypatch.setattr(d, "_spawn", lambda: None)
+    d._start_tuning("traffic drift", d.fingerprint)
+    assert "imitating 3.00 req/s" in d.state.note, d.state.note
+    d.fingerprint = replace(d.fingerprint, request_rate=0.5)  # what the window shows when the verdict comes
+    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
+    monkeypatch.setattr(d, "_publish", lambda values, source: None)
+    d._finish_tuning(0)
+    assert Fingerprint.from_json(d.state.tuned_fingerprint).request_rate == pytest.approx(3.0)
+
+
+# --- issue 30, 5: too little traffic to verify a switch is said, never "verified" ------------------------------------
+
+def test_a_switch_verified_on_too_few_requests_is_kept_but_not_verified(monkeypatch):
+    from autotune.daemon import production
+    from autotune.daemon.prometheus import Snapshot
+    from autotune.measure.slo import parse_slo
+
+    reads = iter([Snapshot(0.0, {"requests": 100.0}, {}, {}), Snapshot(30.0, {"requests": 104.0}, {}, {})])
+    monkeypatch.setattr(production, "scrape", lambda url: next(reads))
+    result = production.production_verifier([parse_slo("ttft<500ms")], window_s=0.0)("http://127.0.0.1:9")
+    assert result.passed and result.summary["verified"] is False  # the canary's verdict stands, unverified
+    assert result.summary["note"] == "4 requests in 30 s: too few to judge; the canary's verdict stands"

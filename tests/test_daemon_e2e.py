@@ -82,9 +82,11 @@ class Users:
         self.rate = rate
         self.sent = self.failed = 0
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="user")
+        # open loop for real: enough workers that a slow production never holds back what users send (with 16, a
+        # saturated production saw at most 16 requests, and the rest waited in this pool, out of its sight)
+        self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="user")
         self._lock = threading.Lock()
-        self._client = httpx.Client(timeout=30)
+        self._client = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=256))
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _one(self) -> None:

@@ -51,7 +51,9 @@ def _production_measured(d, name: str) -> float:
 
 def test_a_rollback_during_a_tuning_publishes_nothing_and_the_next_tuning_warm_starts_sparingly(prod, capsys):
     staging = prod.root / "staging.toml"
-    staging.write_text(staging.read_text().replace("trials = 3", f"trials = {BUDGET}"))
+    # a ladder long enough to find where configs miss: an earlier winner that held every load is no warm start
+    staging.write_text(staging.read_text().replace("trials = 3", f"trials = {BUDGET}")
+                       .replace("max_steps = 2", "max_steps = 4"))
     path = prod.write()
     d = prod.daemon()
     with Users(prod.port) as users:
@@ -166,7 +168,9 @@ def test_a_tuning_whose_candidates_tie_with_production_publishes_nothing(prod32,
     assert first["sampled"] > first["production"] == first["vllm-defaults"], first
     assert len(set(again.values())) == 1, again
     verdict = d.state.last_decision
-    assert verdict.startswith(f"tuning {name}: production's config stays (") and "within the noise" in verdict, verdict
+    # and production held every load the tuning offered it, so no gain over it can be stated at all
+    assert verdict.startswith(f"tuning {name}: production's config stays (") and (
+        "production's config held every load it was offered" in verdict), verdict
     assert "production's config stays" in journal, journal
     # item 10: nothing of the ended tuning runs or waits; production's capacity is what the tuning measured of it
     _settled(d)

@@ -295,6 +295,9 @@ class _Watcher:
     def poll(self):
         return self.window
 
+    def since_change(self, min_span_s):
+        return None  # one level of traffic through the window
+
 
 @pytest.mark.parametrize("requests, saturated, expect", [
     (19, False, (None, None, False)),  # too few to judge anything
@@ -307,7 +310,7 @@ def test_a_window_below_the_20_request_minimum_says_nothing_but_saturation(daemo
     monkeypatch.setattr(d, "watcher", _Watcher(_Window(requests, d.cfg.window_s, saturated)))  # a whole window
     monkeypatch.setattr(d, "_scrape_news", lambda: None)
     fingerprinted = []
-    monkeypatch.setattr(loop.Fingerprint, "of", staticmethod(lambda w: fingerprinted.append(w) or 1 / 0))
+    monkeypatch.setattr(loop.Fingerprint, "of", staticmethod(lambda w, recent=None: fingerprinted.append(w) or 1 / 0))
     o = d._observe()
     assert (o.drift, o.breach, o.saturated) == expect and fingerprinted == []
 
@@ -320,7 +323,7 @@ def test_a_window_of_20_requests_is_fingerprinted(daemon_file, monkeypatch):  # 
     class Reached(Exception):
         pass
 
-    def of(w):
+    def of(w, recent=None):
         raise Reached
 
     monkeypatch.setattr(loop.Fingerprint, "of", staticmethod(of))

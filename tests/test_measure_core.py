@@ -402,8 +402,9 @@ def test_the_verdict_lists_every_candidate():
     v = judge(cs)
     assert v.candidates == [
         {"label": "trial 1", "trial": 1, "capacities": [15.0, 14.0], "median": 14.5, "spread": 1.0,
-         "runs": [[{"load": 1.0}], [{"load": 2.0}]]},
-        {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "median": 10.25, "spread": 0.5, "runs": []}]
+         "runs": [[{"load": 1.0}], [{"load": 2.0}]], "at_least": False},
+        {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "median": 10.25, "spread": 0.5, "runs": [],
+         "at_least": False}]
     assert v.candidate(1)["median"] == 14.5 and v.candidate(99) is None
     assert Remeasurement.from_json(v.to_json()) == v
     assert v.trials_seen == 0  # not told how many trials it saw: stale as soon as the study has one
@@ -485,3 +486,40 @@ def test_events_read_together_are_counted_and_said_beside_itl():
     spaced = Outcome("u", steps=[step_of(1, [done(0, 0.0, itl=(0.01, 0.02))])])
     assert spaced.last.summary.itl_same_read == 0.0
     assert next(t for t in outcome_tables(spaced, None) if t.title == "latency (ms)").caption is None
+
+
+def _ladder(*steps):
+    """A run's load steps: (load, passed), and False in the third place for a step the client could not offer."""
+    return [{"load": x[0], "passed": x[1], "client_kept_up": x[2] if len(x) > 2 else True} for x in steps]
+
+
+def test_a_ladder_that_never_missed_has_a_floor_not_a_capacity():
+    from autotune.study.records import held_every_load
+
+    assert held_every_load(_ladder((1.0, True), (2.0, True), (4.0, True)))
+    assert not held_every_load(_ladder((1.0, True), (2.0, False), (1.41, True)))
+    assert not held_every_load(_ladder((1.0, False), (0.5, False)))  # no capacity at all: nothing to call a floor
+    # a load the client could not offer says nothing of the engine: the capacity below it is still a floor
+    assert held_every_load(_ladder((1.0, True), (2.0, False, False)))
+    assert not held_every_load(_ladder((2.0, False), (1.0, True)))  # a miss above bounds it, whatever the order
+
+
+def test_no_gain_is_stated_over_a_baseline_that_held_every_load():
+    from autotune.study.records import judge
+
+    base = cand("baseline vllm-defaults", [8.0, 8.0])
+    base.runs = [_ladder((2.0, True), (4.0, True), (8.0, True))] * 2  # stopped at its last step, never missed
+    winner = cand("trial 3", [12.0, 12.0], 3)
+    winner.runs = [_ladder((2.0, True), (4.0, True), (8.0, True), (16.0, False), (11.3, True), (13.5, False))] * 2
+    v = judge([winner, base])
+    assert v.winner == "trial 3" and v.gain_rps == 4.0 > v.noise_rps and v.baseline_at_least
+    assert not v.significant and v.recommended_trial == base.trial_number
+    assert v.sentence().startswith("no gain can be stated: baseline vllm-defaults held every load the ladder "
+                                   "offered"), v.sentence()
+
+    # the other way round: a winner that never missed, over a baseline that did, gains at least that much
+    bounded = cand("baseline", [4.0, 4.0])
+    bounded.runs = [_ladder((2.0, True), (4.0, True), (8.0, False), (5.7, False))] * 2
+    v = judge([base, bounded])
+    assert v.significant and not v.baseline_at_least
+    assert v.sentence().startswith("baseline vllm-defaults beats baseline by at least 4.00 req/s"), v.sentence()

@@ -380,3 +380,39 @@ def test_workload_from_matches_the_fingerprint(tmp_path):
 
     with pytest.raises(ConfigError, match="idle"):
         workload_from(changed(request_rate=0.0), requests=10, seed=0)
+
+
+# --- issue 30, 1: a jump in the rate is imitated at the new rate, not at the window's blend ----------------------
+
+def _arrivals(counts, every=10.0):
+    """Snapshots ``every`` seconds apart, with ``counts`` requests finished between each and the next."""
+    total, out = 0.0, [Snapshot(0.0, {"requests": 0.0}, {}, {})]
+    for i, n in enumerate(counts, 1):
+        total += n
+        out.append(Snapshot(every * i, {"requests": total}, {}, {}))
+    return out
+
+
+def test_the_rate_after_a_jump_is_read_from_the_change_point():
+    from autotune.daemon.window import level_change
+
+    w = Watcher("http://unused", window_s=150, keep=100)
+    for s in _arrivals([10] * 10 + [30] * 5):  # 1 req/s for 100 s, then 3 req/s for 50 s
+        w.add(s)
+    assert w.window().arrival_rate == pytest.approx(250 / 150)  # the blend: what the daemon imitated before
+    now = w.since_change(min_span_s=20)
+    assert (now.t0, now.t1) == (100.0, 150.0) and now.arrival_rate == pytest.approx(3.0)
+    assert level_change(_arrivals([30] * 6 + [10] * 6), 20) == 6  # a drop is a change too
+    w.close()
+
+
+def test_steady_traffic_with_poisson_noise_has_no_change_point():
+    import numpy as np
+
+    from autotune.daemon.window import level_change
+
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        counts = rng.poisson(10, size=20).tolist()  # 1 req/s in 10-s scrapes: its noise is no level change
+        assert level_change(_arrivals(counts), 20) is None, counts
+    assert level_change(_arrivals([10] * 19 + [13]), 10) is None  # too little after the split to say

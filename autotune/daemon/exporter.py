@@ -17,6 +17,21 @@ PHASES = ["watching", "tuning", "awaiting_approval", "publishing", "verifying", 
 TRIAL_STATES = ["complete", "pruned", "fail", "running", "waiting"]
 
 
+class _Known:
+    """A gauge exported from its first value on: until then the metric is absent (unknown), never a 0 that an
+    alert or a dashboard would read as a measurement."""
+
+    def __init__(self, registry: CollectorRegistry, name: str, documentation: str) -> None:
+        self.gauge = Gauge(name, documentation, registry=None)
+        self.registry, self.shown = registry, False
+
+    def set(self, value: float) -> None:
+        if not self.shown:
+            self.registry.register(self.gauge)
+            self.shown = True
+        self.gauge.set(value)
+
+
 class DaemonMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -24,22 +39,20 @@ class DaemonMetrics:
         self.phase = Enum("autotune_daemon_phase", "What the daemon is doing", states=PHASES, registry=r)
         self.trials = Gauge("autotune_trials", "Trials of the current (or last) tuning study, by state", ["state"],
                             registry=r)
-        self.best_capacity = Gauge("autotune_best_capacity_requests_per_second",
-                                   "SLO capacity of the last tuning's winner", registry=r)
-        self.production_capacity = Gauge("autotune_production_capacity_requests_per_second",
-                                         "SLO capacity of the production config, measured on staging", registry=r)
+        self.best_capacity = _Known(r, "autotune_best_capacity_requests_per_second",
+                                    "SLO capacity of the last tuning's winner")
+        self.production_capacity = _Known(r, "autotune_production_capacity_requests_per_second",
+                                          "SLO capacity of the production config, measured on staging")
         self.production_config = Info("autotune_production_config", "The engine args production runs (history entry)",
                                       registry=r)
-        self.drift = Gauge("autotune_traffic_drift_score",
-                           "Distance of production's traffic fingerprint from the one its config was tuned for",
-                           registry=r)
+        self.drift = _Known(r, "autotune_traffic_drift_score",
+                            "Distance of production's traffic fingerprint from the one its config was tuned for")
         self.slo_value = Gauge("autotune_production_slo_value",
                                "Production's latency at the SLO's percentile over the watch window, seconds", ["slo"],
                                registry=r)
         self.slo_met = Gauge("autotune_production_slo_met", "1 when production meets the SLO over the window, 0 when "
                              "not", ["slo"], registry=r)
-        self.request_rate = Gauge("autotune_production_request_rate", "Production's finished requests per second",
-                                  registry=r)
+        self.request_rate = _Known(r, "autotune_production_request_rate", "Production's finished requests per second")
         self.last_publish = Gauge("autotune_last_publish_timestamp_seconds", "When the last publish ended", registry=r)
         self.last_publish_ok = Gauge("autotune_last_publish_success", "1 when the last publish was kept, 0 when it "
                                      "was rolled back", registry=r)
@@ -65,6 +78,10 @@ class DaemonMetrics:
         self.production_config.info({"entry": str(entry_number), **{k: str(v) for k, v in sorted(values.items())}})
 
     def set_slos(self, estimates: Iterable[Any]) -> None:
+        """Each SLO's latency and verdict over the window; an SLO without one (no traffic, or no longer configured
+        after a reload) has no series: an alert on a removed SLO's 0 would fire forever."""
+        self.slo_value.clear()
+        self.slo_met.clear()
         for e in estimates:
             if e.value is not None:
                 self.slo_value.labels(e.slo.text).set(e.value)
@@ -84,6 +101,8 @@ class DaemonMetrics:
                 last = e
                 if by_hand:
                     rollbacks += 1
+                elif not e.reached_production:  # production never served it: nothing was rolled back
+                    publishes["abandoned"] = publishes.get("abandoned", 0) + 1
                 else:
                     failed = e.outcome == "rolled-back" and (" FAILED" in e.reason or "no earlier good" in e.reason)
                     outcome = "rollback-failed" if failed else e.outcome
@@ -106,10 +125,3 @@ class DaemonMetrics:
         if new > 0:
             counter.inc(new)
             self._counted[key] = total
-
-    def published(self, outcome: str, when: float) -> None:
-        self.publishes.labels(outcome).inc()
-        self.last_publish.set(when)
-        self.last_publish_ok.set(1.0 if outcome == "published" else 0.0)
-        if outcome == "rolled-back":
-            self.rollbacks.inc()

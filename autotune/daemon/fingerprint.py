@@ -48,9 +48,13 @@ class Fingerprint:
     saturated: bool = False  # production could not keep up: request_rate is a lower bound of demand
 
     @classmethod
-    def of(cls, window: Window) -> Fingerprint:
+    def of(cls, window: Window, recent: Window | None = None) -> Fingerprint:
+        """The window's traffic; its rate from ``recent`` where given: the part since the arrival rate changed
+        level (Watcher.since_change), which is the traffic now, where the window's mean blends the two levels.
+        Lengths and prefix sharing stay the whole window's, which has more requests to read them from."""
         return cls(
-            request_rate=window.arrival_rate,  # demand, not what a saturated production managed to serve
+            # demand, not what a saturated production managed to serve
+            request_rate=(recent or window).arrival_rate,
             prompt_tokens_mean=window.prompt_tokens_mean,
             prompt_tokens_p50=window.prompt_tokens_p50,
             prompt_tokens_p90=window.prompt_tokens_p90,

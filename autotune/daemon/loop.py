@@ -48,8 +48,8 @@ from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide, duration_text
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import (TuningChild, choose, load_staging, move_to_gpus, production_capacity,
-                                    write_tuning_study)
+from autotune.daemon.tuning import (TuningChild, choose, for_production, load_staging, move_to_gpus,
+                                    production_capacity, tuned_keys, write_tuning_study)
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
@@ -61,6 +61,7 @@ from autotune.study.records import StudyResult
 __all__ = ["Daemon"]
 
 MIN_REQUESTS = 20  # a window with fewer finished requests says too little about the traffic
+FULL_WINDOW = 0.98  # of window_s: a window is judged once it spans that much (ticks land a little early or late)
 RETRY_S = 600.0  # a tuning that reached no verdict: its trigger waits this long (doubling) before the next try
 
 
@@ -241,13 +242,14 @@ class Daemon:
         self.metrics.set_slos(compliance)
         if window.request_rate is not None:
             self.metrics.request_rate.set(window.request_rate)
-        if window.dt < 0.5 * self.cfg.window_s:
+        if window.dt < FULL_WINDOW * self.cfg.window_s:  # a part window's mean reads steady traffic as drift
             return Observation(None, None)
         if window.requests < MIN_REQUESTS:
             # too few finished to judge latencies or imitate the traffic, but a queue that never empties
             # says enough: few finish because production cannot keep up
             return Observation(None, True, saturated=True) if window.saturated else Observation(None, None)
-        fp = Fingerprint.of(window)
+        # a jump in the rate shows first in the window's newest scrapes: two of them are enough when they say so clearly
+        fp = Fingerprint.of(window, self.watcher.since_change(2 * self.cfg.scrape_interval_s))
         self.fingerprint = fp
         if self.state.tuned_fingerprint is None:  # the traffic production's config is judged against from now on
             self._note("first full window: traffic fingerprint recorded", tuned_fingerprint=fp.to_json())
@@ -313,7 +315,7 @@ class Daemon:
                   tuning_started=time.time(), trials_told=(),
                   note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
                        + (" (at least: production could not keep up)" if fp.saturated else ""),
-                  tuned_fingerprint=self.state.tuned_fingerprint,
+                  tuned_fingerprint=self.state.tuned_fingerprint, imitated=fp.to_json(),
                   breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
         self._spawn()
 
@@ -409,8 +411,10 @@ class Daemon:
             self._no_verdict(rc, result)
             return
         now = time.time()
-        done = dict(last_tuning_end=now, tuned_fingerprint=self.fingerprint.to_json()
-                    if self.fingerprint else st.tuned_fingerprint, empty_tunings=0, retry_at=0.0)
+        # production's config is now judged against the traffic this tuning imitated, not whatever the window
+        # shows at the verdict: drift from here on is drift from what a tuning saw
+        tuned = st.imitated or (self.fingerprint.to_json() if self.fingerprint else st.tuned_fingerprint)
+        done = dict(last_tuning_end=now, tuned_fingerprint=tuned, empty_tunings=0, retry_at=0.0)
         held = self._cooldown_text()
         moved = self._production_moved()
         prod_cap = production_capacity(result)
@@ -432,9 +436,12 @@ class Daemon:
                          **done)
             return
         winner, why = result.trial(choice.trial), choice.why
-        values = dict(winner.engine_args.values)
+        # production's own keys stay as they are (the tuning ran from them: _production_moved said so above);
+        # staging's own (its tokenizer, its max_model_len) never reach production
+        ran = winner.engine_args.values
+        values = for_production(st.production_values, ran, tuned_keys(self.study, ran))
         source = {"study": st.study_name, "trial": winner.number, "trigger": st.trigger,
-                  "capacity_rps": winner.capacity_rps, "why": why}
+                  "capacity_rps": winner.capacity_rps, "why": why, "production": st.production_values}
         if self.cfg.approval:
             for old in [e for e in self.history.entries() if e.outcome == "proposed"]:
                 self.history.settle(old, "rejected", reason="replaced by a newer proposal")
@@ -570,6 +577,10 @@ class Daemon:
 
     def _resume(self) -> None:
         """Pick up what a previous run left: an open publish, a running tuning."""
+        if self.state.phase in (Phase.PUBLISHING, Phase.VERIFYING, Phase.ROLLING_BACK):
+            # what was in flight settles below; the phase it was in when the daemon died is history
+            with self._lock:
+                self.state = self.store.save(replace(self.state, phase=Phase.WATCHING, since=time.time()))
         with PublishLock(self.root):
             adopt(self.target, self.history)
             if self.history.open_entry() is not None:
@@ -577,14 +588,25 @@ class Daemon:
                     # the canary is built when used: a blue/green switch is re-verified on /metrics instead
                     result = recover(self.target, self.history, lambda url: self.canary()(url),
                                      verify=switch_verifier(self.cfg, self.target))
-                    self._note(f"recovered entry {result.entry.number}: {result.outcome}")
                 except AutotuneError as e:
-                    self._note(f"could not recover the open publish: {e}")
-        if self.state.phase in (Phase.PUBLISHING, Phase.VERIFYING, Phase.ROLLING_BACK):
-            # the transaction settled above; the phase it was in when the daemon died is history
-            with self._lock:
-                self.state = self.store.save(replace(self.state, phase=Phase.WATCHING, since=time.time()))
+                    self._decide(Phase.WATCHING, note=f"PRODUCTION NEEDS A PERSON: could not recover the publish a "
+                                                      f"restart cut short: {e}")
+                else:
+                    self._recovered(result.entry)
         self._history_metrics()
+
+    def _recovered(self, e: Entry) -> None:
+        """Say what became of the publish a restart cut short, as the decision it is (``status`` shows it, not the
+        "publishing" it replaces). An approved proposal that never reached production is proposed again: its
+        approval was for a publish that did not happen, so a person approves it again."""
+        said = f"recovered entry {e.number}: {e.outcome}" + (f" ({e.reason})" if e.reason else "")
+        if e.outcome == "rolled-back" and not e.reached_production and e.source.get("approved") and self.cfg.approval:
+            source = {k: v for k, v in e.source.items() if k != "approved"}
+            again = self.history.add("proposed", e.values, source=source)
+            self._decide(Phase.AWAITING_APPROVAL, note=f"{said}; it was approved but never served, so it waits "
+                         f"for `autotune publish --approve` again as entry {again.number}")
+            return
+        self._decide(Phase.WATCHING, note=said)
 
     def _history_metrics(self, entries: list[Entry] | None = None) -> None:
         """Publish and rollback metrics from the history (``entries``: as this tick read it; None: read it now):

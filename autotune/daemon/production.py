@@ -87,8 +87,9 @@ def production_canary(cfg: DaemonConfig, target: Target, fingerprint: Fingerprin
 
 def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5) -> Canary:
     """After a blue/green switch: users' own requests on the new color, read from its /metrics over
-    ``window_s``, judged by the SLOs. Too few requests to judge (a quiet hour) pass with that said:
-    the canary already judged the config before the switch."""
+    ``window_s``, judged by the SLOs. Too few requests to judge (a quiet hour) keep the switch, since
+    the canary judged the config before it, but as not verified (``verified`` false in the summary),
+    which the publish's entry and the journal say."""
     def run(url: str) -> CanaryResult:
         try:
             first = scrape(url)
@@ -103,6 +104,6 @@ def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5)
         if w.requests < min_requests:
             summary["note"] = f"{w.requests} requests in {w.dt:.0f} s: too few to judge; the canary's verdict stands"
             summary["slos"] = [dict(v, holds=None) for v in summary["slos"]]
-            return CanaryResult(True, summary)
-        return CanaryResult(all(e.holds is not False for e in judged), summary)
+            return CanaryResult(True, {**summary, "verified": False})
+        return CanaryResult(all(e.holds is not False for e in judged), {**summary, "verified": True})
     return run

@@ -53,7 +53,7 @@ class Phase(str, enum.Enum):
 
 
 ALLOWED: dict[Phase, set[Phase]] = {
-    Phase.WATCHING: {Phase.TUNING},
+    Phase.WATCHING: {Phase.TUNING, Phase.AWAITING_APPROVAL},  # the latter: an approved publish a restart cut short
     Phase.TUNING: {Phase.WATCHING, Phase.PUBLISHING, Phase.AWAITING_APPROVAL},
     Phase.AWAITING_APPROVAL: {Phase.WATCHING, Phase.PUBLISHING},
     Phase.PUBLISHING: {Phase.VERIFYING, Phase.ROLLING_BACK, Phase.WATCHING},
@@ -75,6 +75,7 @@ class DaemonState:
     tunings: int = 0
     tuning_started: float = 0.0  # wall clock when the current (or last) tuning started
     production_values: dict[str, Any] | None = None  # production's config when the tuning started: its baseline
+    imitated: dict[str, Any] | None = None  # the fingerprint the current (or last) tuning's traffic imitates
     note: str = ""  # the last thing worth telling (systemd STATUS=, autotune status)
     scrape_error: str | None = None  # the last failed scrape of production, "URL: error" (kept once it works again)
     scrape_error_at: float = 0.0  # wall clock of it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
 __all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "load_staging", "write_tuning_study", "warm_starts", "choose",
-           "production_capacity", "TuningChild"]
+           "production_capacity", "tuned_keys", "for_production", "TuningChild"]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
 MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
@@ -118,7 +119,7 @@ def warm_starts(staging: StudyDefinition, prefix: str, production: dict[str, Any
     for s in summaries:
         if s.study_name.startswith(prefix):
             for r in StudyResult.load(staging.storage, s.study_name).records:
-                if r.feasible and r.values and r.values[0] > 0:
+                if r.feasible and r.values and r.values[0] > 0 and not r.capacity_at_least:  # a floor ranks nothing
                     found.append((r.values[0], {k: v for k, v in r.config.items() if k in names}))
     found.sort(key=lambda x: -x[0])
     out: list[dict[str, Any]] = []
@@ -133,6 +134,21 @@ def warm_starts(staging: StudyDefinition, prefix: str, production: dict[str, Any
             seen.add(key)
             out.append(values)
     return out
+
+
+def tuned_keys(staging: StudyDefinition, ran: Mapping[str, Any]) -> set[str]:
+    """The engine args a tuning varied: the space's knobs, and whatever else a trial ran that the staging study
+    does not fix (a baseline's own values, the space's rules). What the staging study fixes for staging alone (its
+    tokenizer, its max_model_len) is not among them."""
+    fixed = staging.fixed.values
+    return set(build_space(staging).names()) | {k for k, v in ran.items() if k not in fixed or fixed[k] != v}
+
+
+def for_production(deployed: Mapping[str, Any] | None, ran: Mapping[str, Any], tuned: set[str]) -> dict[str, Any]:
+    """Production's config with a tuning's winner in it: every key production has keeps its value, except the
+    ``tuned`` keys, which take the values the winner ran with (a tuned key it ran without is unset, as it ran)."""
+    kept = {k: v for k, v in (deployed or {}).items() if k not in tuned}
+    return {**kept, **{k: v for k, v in ran.items() if k in tuned}}
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,9 @@ def choose(result: StudyResult) -> Choice:
         pick = cands[verdict.baseline]
         tie = (f"{verdict.winner} and {verdict.baseline} tie ({_differ(verdict.gain_rps, verdict.noise_rps)}), "
                f"so {verdict.baseline} stands for both; ")
+        if verdict.baseline_at_least:
+            tie = (f"{verdict.baseline} held every load it was offered, so {verdict.winner}'s lead over it is "
+                   f"unknown and {verdict.baseline} stands for both; ")
     tried = [r for r in result.records if r.baseline == "production"]
     prod = _measured_production(result)
     if not tried:  # the study's own verdict decides, said in the study's words
@@ -181,10 +200,15 @@ def choose(result: StudyResult) -> Choice:
                             f"{pick['label']} with; production's capacity is unknown, not 0")
     remeasured = verdict.candidate(prod.number)
     prod_cap = remeasured["median"] if remeasured else prod.capacity_rps
+    if (remeasured.get("at_least", False) if remeasured else prod.capacity_at_least):
+        return Choice(None, f"{tie}production's config held every load it was offered: {prod_cap:.2f} req/s is where "
+                            "its ladder stopped, not its capacity, so no gain over it can be stated (a higher "
+                            "[objective] max_steps in the staging study finds it)")
     noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
     floor = max(noise, MIN_GAIN * prod_cap)
     gain = pick["median"] - prod_cap
-    numbers = f"{pick['label']} {pick['median']:.2f} req/s vs production {prod_cap:.2f}"
+    at_least = "at least " if pick.get("at_least") else ""
+    numbers = f"{pick['label']} {at_least}{pick['median']:.2f} req/s vs production {prod_cap:.2f}"
     # the noise in words: which of the spread and the 2 % floor it is, and the spread itself either way
     said = (f"{floor:.2f}: the spread of their re-measured runs" if noise >= MIN_GAIN * prod_cap
             else f"{floor:.2f}: 2 % of production's capacity, more than their spread {noise:.2f}")

@@ -14,7 +14,7 @@ from typing import Self
 import httpx
 
 from autotune.daemon.prometheus import Snapshot, scrape
-from autotune.daemon.window import Window
+from autotune.daemon.window import Window, level_change
 
 __all__ = ["Watcher"]
 
@@ -73,15 +73,27 @@ class Watcher:
 
     def window(self) -> Window | None:
         """The latest window over ``window_s`` from the kept snapshots (None with fewer than two)."""
+        snaps = self._span()
+        return None if snaps is None else Window.between(snaps[0], snaps[-1], snaps[1:-1])
+
+    def since_change(self, min_span_s: float) -> Window | None:
+        """The part of the latest window since the arrival rate last changed level (``level_change``: each side
+        ``min_span_s`` long at least); None when one level explains the whole window."""
+        snaps = self._span()
+        k = None if snaps is None else level_change(snaps, min_span_s)
+        return None if k is None else Window.between(snaps[k], snaps[-1], snaps[k + 1:-1])
+
+    def _span(self) -> list[Snapshot] | None:
+        """The kept snapshots of the latest window, oldest first (None with fewer than two)."""
         if len(self.snapshots) < 2:
             return None
         snaps = list(self.snapshots)
-        cur, first = snaps[-1], 0
+        first = 0
         for i in range(len(snaps) - 2, -1, -1):  # newest first: the first one old enough is the tightest fit
-            if cur.t - snaps[i].t >= self.window_s:
+            if snaps[-1].t - snaps[i].t >= self.window_s:
                 first = i
                 break
-        return Window.between(snaps[first], cur, snaps[first + 1:-1])
+        return snaps[first:]
 
     def restart_window(self) -> None:
         """Forget every snapshot: the next window starts at the next poll.

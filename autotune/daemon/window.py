@@ -9,6 +9,7 @@ estimates (``SLOEstimate``). Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,7 +17,10 @@ from autotune.daemon.prometheus import Histogram, Snapshot
 from autotune.engine.vllm.metrics import METRICS
 from autotune.measure.slo import SLO
 
-__all__ = ["SLOEstimate", "Window"]
+__all__ = ["SLOEstimate", "Window", "level_change"]
+
+LEVEL_EVIDENCE = 10.0  # log-likelihood ratio a change of the arrival rate's level must reach (odds of e^10 to 1)
+LEVEL_RATIO = 1.25  # and the rates either side must differ by this factor: smaller changes are no drift anyway
 
 
 @dataclass(frozen=True)
@@ -215,3 +219,37 @@ class Window:
         # hour "misses" a throughput floor without anything being wrong. The daemon decides.
         return SLOEstimate(slo, value, None if value is None else slo.holds(value), requests,
                            note="a production rate is bounded by demand, not only by the engine")
+
+
+def level_change(snapshots: Sequence[Snapshot], min_span_s: float) -> int | None:
+    """Where the arrival rate changed level among ``snapshots`` (oldest first): the index of the snapshot the new
+    level starts at, or None when one level explains them all.
+
+    The split is the most likely one for arrivals at one Poisson rate before it and another after, each side
+    spanning ``min_span_s`` at least; it counts only when its log-likelihood ratio over a single rate reaches
+    LEVEL_EVIDENCE and the two rates differ by LEVEL_RATIO. A window's mean after a jump is a blend of the two
+    levels (after a jump to 10x, half a window reads 5.5x); what follows the change is the traffic now."""
+    cuts = [Window.between(a, b) for a, b in zip(snapshots, snapshots[1:])]
+    if len(cuts) < 2 or any(c.reset for c in cuts):
+        return None
+    counts = [float(c.arrivals) for c in cuts]
+    spans = [c.dt for c in cuts]
+    total_n, total_t = sum(counts), sum(spans)
+
+    def loglik(n: float, t: float) -> float:  # a Poisson count's log-likelihood at its own rate, less terms that cancel
+        return n * math.log(n / t) if n > 0 and t > 0 else 0.0
+
+    best, at = 0.0, None
+    n1 = t1 = 0.0
+    for k in range(1, len(cuts)):
+        n1, t1 = n1 + counts[k - 1], t1 + spans[k - 1]
+        n2, t2 = total_n - n1, total_t - t1
+        if t1 < min_span_s or t2 < min_span_s:
+            continue
+        lo, hi = sorted((n1 / t1, n2 / t2))
+        if hi < LEVEL_RATIO * lo or hi == 0:
+            continue
+        evidence = loglik(n1, t1) + loglik(n2, t2) - loglik(total_n, total_t)
+        if evidence > best:
+            best, at = evidence, k
+    return at if best >= LEVEL_EVIDENCE else None

@@ -10,7 +10,8 @@ Outcomes:
     pending      being published: written, restarting or under the canary (blue/green: ``switch``
                  names the step, see transaction.py)
     published    verified: health and canary passed
-    rolled-back  failed (reason), production restored to the entry named in ``restored``
+    rolled-back  failed (reason), production restored to the entry named in ``restored``; or abandoned
+                 before production served it (``reached_production`` is false: nothing was rolled back)
     rejected     a proposal a person declined, or one made stale by a newer one
 """
 
@@ -25,9 +26,10 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.locations import atomic_write
 
-__all__ = ["Entry", "History", "GOOD"]
+__all__ = ["Entry", "History", "GOOD", "NOT_DEPLOYED"]
 
 GOOD = ("adopted", "published")
+NOT_DEPLOYED = "interrupted before it was deployed"  # the reason of a publish a crash cut before its config was written
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class Entry:
     @property
     def good(self) -> bool:
         return self.outcome in GOOD
+
+    @property
+    def reached_production(self) -> bool:
+        """Did production serve this entry's config? Not when a crash came before it was written, nor when a
+        blue/green publish was abandoned before the switch (its canary failed, or a crash came first)."""
+        return self.reason != NOT_DEPLOYED and (self.switch or {}).get("step") != "abandoned"
 
 
 class History:

@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.bluegreen import BlueGreenTarget, Color
-from autotune.publish.history import Entry, History
+from autotune.publish.history import NOT_DEPLOYED, Entry, History
 from autotune.publish.target import Target, wait_healthy
 
 __all__ = ["CanaryResult", "PublishResult", "publish", "rollback", "rollback_choice", "recover", "adopt",
@@ -155,9 +155,12 @@ def _verify_switched(target: BlueGreenTarget, history: History, entry: Entry, ve
         entry = _step(history, entry, "retiring", old, new)
         target.drain(old)  # streams that started before the switch finish there
         on_stop = target.stop_quietly(old)
+        said = [f"{old.name} did not stop: {on_stop}"] if on_stop else []
+        if summary is not None and summary.get("verified") is False:  # kept on the canary's word alone: say so
+            said.append(f"not verified on users' traffic ({summary.get('note', 'too few requests')})")
         return PublishResult(history.settle(entry, "published", switch={**entry.switch, "step": "done",
                                                                          "verified": summary},
-                                            reason=f"{old.name} did not stop: {on_stop}" if on_stop else ""), True)
+                                            reason="; ".join(said)), True)
     return _switch_back(target, history, entry, old, new, good, f"{why}after the switch: {reason}", summary)
 
 
@@ -273,7 +276,7 @@ def recover(target: Target, history: History, canary: Canary, verify: Canary | N
     deployed = target.deployed()
     if deployed != entry.values:
         # the crash came before the new config was written: production still runs the old one
-        return PublishResult(history.settle(entry, "rolled-back", reason="interrupted before it was deployed"), False)
+        return PublishResult(history.settle(entry, "rolled-back", reason=NOT_DEPLOYED), False)
     try:
         wait_healthy(target.endpoint(), 60.0)
         result = canary(target.endpoint())

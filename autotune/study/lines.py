@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.records import TrialRecord
 
-__all__ = ["elapsed_text", "gain_text", "same_trial", "trial_line"]
+__all__ = ["elapsed_text", "gain_text", "capacity_text", "same_trial", "trial_line"]
 
 
 def elapsed_text(seconds: float) -> str:
@@ -23,10 +23,18 @@ def elapsed_text(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def gain_text(capacity: float, reference: TrialRecord | None) -> str:
-    if reference is None or reference.capacity_rps <= 0:
+def gain_text(r: TrialRecord, reference: TrialRecord | None) -> str:
+    """``r``'s gain over ``reference``: none over a reference that held every load (its capacity is unknown), "at
+    least" where ``r`` held every load."""
+    if reference is None or reference.capacity_rps <= 0 or reference.capacity_at_least:
         return ""
-    return f", {(capacity / reference.capacity_rps - 1) * 100:+.0f}% vs {reference.label}"
+    by = "at least " if r.capacity_at_least else ""
+    return f", {by}{(r.capacity_rps / reference.capacity_rps - 1) * 100:+.0f}% vs {reference.label}"
+
+
+def capacity_text(r: TrialRecord) -> str:
+    """The capacity as measured, or the floor a ladder that never missed stopped at."""
+    return f"{'at least ' if r.capacity_at_least else ''}{r.capacity_rps:.2f} req/s"
 
 
 def _missed(r: TrialRecord) -> str:
@@ -61,8 +69,9 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     elif r.state != TrialState.COMPLETE:
         outcome = r.state.name.lower()
     elif r.feasible and r.capacity_rps > 0:
-        outcome = (f"{r.capacity_rps:.2f} req/s within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s)"
-                   + ("" if same_trial(r, reference) else gain_text(r.capacity_rps, reference)))
+        held = "; it held every load offered" if r.capacity_at_least else ""
+        outcome = (f"{capacity_text(r)} within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s{held})"
+                   + ("" if same_trial(r, reference) else gain_text(r, reference)))
     else:
         outcome = _missed(r)
     if r.same_config_as is not None:

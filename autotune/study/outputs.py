@@ -29,13 +29,14 @@ class Row:
     ttft_p95_ms: float | None
     feasible: bool
     state: str
+    at_least: bool = False  # every load offered held: capacity_rps is a floor
 
 
 def _row(t: TrialRecord, label: str) -> Row:
     top = t.capacity_step
     return Row(label, t.number, t.capacity_rps, top["output_throughput"] if top else 0.0,
                top["ttft_p95"] * 1000 if top and top["ttft_p95"] is not None else None,
-               t.feasible, t.state.name.lower())
+               t.feasible, t.state.name.lower(), t.capacity_at_least)
 
 
 def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.engine.args import EngineArgs
 
 __all__ = ["Attr", "NO_MEASUREMENT", "TrialRecord", "Candidate", "Remeasurement", "StudyResult", "constraints_of",
-           "judge"]
+           "held_every_load", "judge"]
 
 NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
 
@@ -63,6 +63,15 @@ class Attr:
     SIM_PREDICTIONS = "sim_predictions"  # study attr: each point the simulator scored, and what it predicted
 
 
+def held_every_load(steps: list[dict[str, Any]]) -> bool:
+    """Did a ladder find no load that missed above its capacity? Then the capacity is where the ladder stopped
+    climbing: the config serves at least that much, how much more is unknown, and no gain is computed from it. A
+    step the load generator could not offer in time (``client_kept_up`` false) bounds nothing."""
+    passed = [s["load"] for s in steps if s.get("passed")]
+    return bool(passed) and not any(not s.get("passed") and s.get("client_kept_up", True) and s["load"] > max(passed)
+                                    for s in steps)
+
+
 def constraints_of(trial: FrozenTrial) -> list[float]:
     """The sampler's constraints_func: a trial that never measured is as infeasible as it gets."""
     return list(trial.user_attrs.get(Attr.CONSTRAINTS, [NO_MEASUREMENT]))
@@ -99,6 +108,11 @@ class TrialRecord:
     @property
     def capacity_rps(self) -> float:
         return float(self.attrs.get(Attr.CAPACITY_RPS, 0.0))
+
+    @property
+    def capacity_at_least(self) -> bool:
+        """Every load its ladder offered held: ``capacity_rps`` is a floor, not a measured capacity."""
+        return held_every_load(self.steps)
 
     @property
     def capacity_output_tok_s(self) -> float:
@@ -191,6 +205,11 @@ class Candidate:
     def spread(self) -> float:
         return max(self.capacities) - min(self.capacities) if self.capacities else 0.0
 
+    @property
+    def at_least(self) -> bool:
+        """A run held every load it was offered: its median is no measured capacity."""
+        return any(held_every_load(run) for run in self.runs)
+
 
 @dataclass(frozen=True)
 class Remeasurement:
@@ -204,6 +223,7 @@ class Remeasurement:
     noise_rps: float
     significant: bool
     trials_seen: int = 0  # trials in the study when it was made: a later trial makes it stale
+    baseline_at_least: bool = False  # the baseline held every load of a run: no gain over it can be stated
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,8 +253,13 @@ class Remeasurement:
         """The verdict in the words the console, the report, the dashboard note and the daemon all use."""
         if self.winner == self.baseline:
             return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
+        if self.baseline_at_least:
+            return (f"no gain can be stated: {self.baseline} held every load the ladder offered, so its median is "
+                    f"where the ladder stopped, not its capacity; keep {self.baseline} (a higher [objective] "
+                    "max_steps finds the capacities)")
+        by = "at least " if (self.candidate(self.winner_trial) or {}).get("at_least") else ""
         if self.significant:
-            return (f"{self.winner} beats {self.baseline} by {self.gain_rps:.2f} req/s, more than the spread "
+            return (f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the spread "
                     f"({self.noise_rps:.2f}): deploy {self.winner}")
         return (f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the spread "
                 f"({self.noise_rps:.2f}): keep {self.baseline}")
@@ -244,18 +269,22 @@ def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
     The winner goes by median, the baseline on a tie; a gain over the baseline no larger than the spread of either
-    (max - min of their runs) is not significant: on a noisy host it could be luck.
+    (max - min of their runs) is not significant: on a noisy host it could be luck. Nor is a gain over a baseline
+    that held every load it was offered: its capacity is above its median by an unknown amount.
     """
     base = cands[-1]
     # a tie goes to the baseline: a config as good as the known one is no reason to change anything
     winner = max(cands, key=lambda c: (c.median, c is base))
     noise = max(winner.spread, base.spread)
     gain = winner.median - base.median
+    # a gain over a floor is unknown (the baseline may go further); a floor over a capacity is a gain of at least
+    floors = winner is not base and base.at_least
     return Remeasurement(
-        candidates=[{"label": c.label, "trial": c.trial_number, "capacities": c.capacities,
-                     "median": c.median, "spread": c.spread, "runs": c.runs} for c in cands],
-        winner=winner.label, winner_trial=winner.trial_number, baseline=base.label,
-        gain_rps=gain, noise_rps=noise, significant=winner is not base and gain > noise, trials_seen=trials_seen,
+        candidates=[{"label": c.label, "trial": c.trial_number, "capacities": c.capacities, "median": c.median,
+                     "spread": c.spread, "runs": c.runs, "at_least": c.at_least} for c in cands],
+        winner=winner.label, winner_trial=winner.trial_number, baseline=base.label, gain_rps=gain, noise_rps=noise,
+        significant=winner is not base and gain > noise and not floors, trials_seen=trials_seen,
+        baseline_at_least=floors,
     )
 
 

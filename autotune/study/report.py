@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from autotune.engine.secrets import redact
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.definition import StudyDefinition
+from autotune.study.lines import capacity_text
 from autotune.study.records import Attr, StudyResult, TrialRecord, constraints_of
 
 __all__ = ["write_report", "MIN_IMPORTANCE_TRIALS"]
@@ -88,17 +89,20 @@ def verdict_line(result: StudyResult) -> str:
     r = result.remeasurement
     if r is not None:  # the medians of the interleaved runs: the numbers the verdict itself compares
         win, base = r.candidate(w.number) or r.candidates[-1], r.candidates[-1]
-        head = (f"Winner: trial {w.number} ({_config(w)}): {win['median']:.2f} req/s within the SLOs "
-                f"(median of {len(win['capacities'])} runs)")
-        if win is not base:
+        head = (f"Winner: trial {w.number} ({_config(w)}): {'at least ' if win.get('at_least') else ''}"
+                f"{win['median']:.2f} req/s within the SLOs (median of {len(win['capacities'])} runs)")
+        if win is not base and not base.get("at_least"):  # a gain over a floor is unknown
             head += f", {_pct(win['median'], base['median'])} over {base['label']} ({base['median']:.2f} req/s)"
         return head + f"; re-measured, interleaved: {r.sentence()}."
-    head = f"Winner: trial {w.number} ({_config(w)}): {w.capacity_rps:.2f} req/s within the SLOs"
+    head = f"Winner: trial {w.number} ({_config(w)}): {capacity_text(w)} within the SLOs"
     b = result.best_baseline
     if b is None:
         return head + "; no baseline met the SLOs, so there is no gain to state (single measurements, not re-measured)."
     if b.number == w.number:
         return head + "; no searched configuration beat it (single measurements, not re-measured)."
+    if b.capacity_at_least:
+        return head + (f"; {b.baseline} held every load it was offered ({capacity_text(b)}), so no gain over it "
+                       "can be stated (single measurements, not re-measured).")
     return head + (f", {_pct(w.capacity_rps, b.capacity_rps)} over {b.baseline} ({b.capacity_rps:.2f} req/s); "
                    "from single measurements, not re-measured: the gain is unverified.")
 
@@ -125,7 +129,9 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
         return "".join(parts)
     rows = []
     for b in result.baselines():
-        if b.feasible and b.capacity_rps > 0:
+        if b.feasible and b.capacity_at_least:  # its capacity is unknown: no gain over it
+            rows.append((b.baseline, b.number, f"≥{b.capacity_rps:.2f}", "-"))
+        elif b.feasible and b.capacity_rps > 0:
             rows.append((b.baseline, b.number, f"{b.capacity_rps:.2f}", _pct(w.capacity_rps, b.capacity_rps)))
         else:
             rows.append((b.baseline, b.number, b.failure_class or "met no SLO", "-"))
