@@ -405,6 +405,10 @@ def test_publish_metrics_come_back_after_a_restart_and_count_rollbacks_by_hand(c
     code, out, err = cli(capsys, "rollback", "--config", p, "--to", 1)  # by hand, from another process
     assert code == 0 and (p.parent / "restarted").exists(), (out, err)
     d.tick()
+    journal = capsys.readouterr().out
+    assert "watching: production rolled back by hand to entry 1 (entry 3)" in journal, journal  # one line of its own
+    d.tick()
+    assert "rolled back by hand" not in capsys.readouterr().out  # once
     text = generate_latest(metrics.registry).decode()
     assert "autotune_rollbacks_total 1.0" in text
     assert 'autotune_publishes_total{outcome="published"} 1.0' in text  # a rollback is no publish

@@ -98,6 +98,7 @@ class Daemon:
         self._failed_scrapes = 0  # in the current streak
         self._capacities: dict[str, float | None] = {}  # a finished tuning's measurement of production, by study
         self._settled = self._last_settled()  # the last publish or rollback the watcher's window starts after
+        self._told: set[int] = set()  # rollbacks by hand this daemon ran and said itself
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -232,6 +233,10 @@ class Daemon:
         self._settled = settled
         self.watcher.restart_window()
         self.fingerprint = None
+        last = next(e for e in reversed(entries) if e.number == settled[0])
+        if "rollback_to" in last.source and last.number not in self._told:  # `autotune rollback` elsewhere: said too
+            self._decide(self.state.phase, note=f"production rolled back by hand to entry {last.source['rollback_to']} "
+                                                f"(entry {last.number}); the traffic window starts again")
 
     def _observe(self) -> Observation | None:
         window = self.watcher.poll()
@@ -506,6 +511,8 @@ class Daemon:
             entry = job.result()
             done = (f"production is back on entry {entry.source['rollback_to']} (entry {entry.number})"
                     if entry is not None else "production already ran that config: nothing changed")
+            if entry is not None:
+                self._told.add(entry.number)
         except AutotuneError as e:
             done = f"the rollback failed: {e}"
         self._history_metrics()
