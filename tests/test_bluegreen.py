@@ -368,6 +368,15 @@ def test_daemon_check_on_a_blue_green_production(rig, tmp_path, tiny_model):
     config.write_text(tomli_w.dumps(data))
     r = check()
     assert "[production.green].start: '/no/such/systemctl' is not an executable" in r.stderr
+    # a broken nginx config (here: the upstream file it includes) is found by `nginx -t` now, not at the next switch
+    good = nginx.upstream_file.read_text()
+    nginx.upstream_file.write_text("server ;\n")
+    try:
+        r = check()
+    finally:
+        nginx.upstream_file.write_text(good)
+    lines = [x for x in r.stderr.splitlines() if ": proxy config: " in x]
+    assert r.returncode == 1 and len(lines) == 1 and "proxy test command" in lines[0], r.stderr
 
 
 def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig, tmp_path, tiny_model):

@@ -16,7 +16,7 @@ from tests.conftest import example_study, free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tiny_model=None):
+def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tiny_model=None, metrics_port=None):
     if yaml:
         (tmp_path / "p.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 64\n")
     data = {
@@ -25,7 +25,7 @@ def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tin
         "production": {"url": url, "config": str(tmp_path / "p.yaml"), "model": "llama-3.1-8b",
                        "restart": list(restart)},
         "staging": {"study": str(study or example_study("sim-h100-8b-chat", tiny_model, tmp_path))},
-        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+        "metrics": {"listen": f"127.0.0.1:{metrics_port or free_port()}"},
     }
     p = tmp_path / "d.toml"
     p.write_text(tomli_w.dumps(data))
@@ -41,7 +41,7 @@ def check(path):
 def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim, tiny_model):
     r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model))
     assert r.returncode == 0, r.stderr
-    assert "all 6 checks pass" in r.stdout and r.stderr == ""
+    assert "all 7 checks pass" in r.stdout and r.stderr == ""
     assert not (tmp_path / "state").exists()  # a check writes nothing
 
 
@@ -70,3 +70,24 @@ def test_a_production_yaml_that_does_not_parse_is_named(tmp_path, vllm_sim, tiny
     r = check(path)
     assert r.returncode == 1 and "production config: " in r.stderr and "p.yaml" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_check_beside_the_running_daemon_passes_and_a_port_taken_by_something_else_fails(tmp_path, vllm_sim,
+                                                                                          tiny_model):
+    import socket
+
+    from autotune.daemon.exporter import DaemonMetrics
+
+    port = free_port()
+    DaemonMetrics().serve("127.0.0.1", port)  # the daemon being checked, running: its metrics hold the port
+    r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model, metrics_port=port))
+    assert r.returncode == 0 and "all 7 checks pass" in r.stdout, r.stderr
+
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model, metrics_port=other.getsockname()[1]))
+    finally:
+        other.close()
+    assert r.returncode == 1 and "metrics port: [metrics].listen: cannot listen on" in r.stderr, r.stderr

@@ -77,6 +77,15 @@ def _proxy(cfg: DaemonConfig) -> str | None:
     return None
 
 
+def _proxy_config(cfg: DaemonConfig) -> str | None:
+    """Blue/green: the proxy's config test passes (``nginx -t`` unless [production.proxy].test says otherwise): a
+    broken config would otherwise surface at the next switch, as a failed publish."""
+    proxy = getattr(build_target(cfg), "proxy", None)
+    if proxy is not None:
+        proxy.check()  # its PublishError names the command and nginx's own words
+    return None
+
+
 def _staging_study(cfg: DaemonConfig) -> str | None:
     from autotune.study.definition import load_study
 
@@ -103,15 +112,36 @@ def _state_dir(cfg: DaemonConfig) -> str | None:
 
 
 def _metrics_port(cfg: DaemonConfig) -> str | None:
-    if cfg.metrics_listen is not None:
-        bind_test(*cfg.metrics_listen, "[metrics].listen")
+    """The metrics port is free, or a running autotune daemon serves its metrics there (a check beside the
+    daemon it checks)."""
+    if cfg.metrics_listen is None:
+        return None
+    host, port = cfg.metrics_listen
+    try:
+        bind_test(host, port, "[metrics].listen")
+    except AutotuneError:
+        if not _daemon_metrics_at(host, port):
+            raise
     return None
+
+
+def _daemon_metrics_at(host: str, port: int) -> bool:
+    """Does an autotune daemon answer /metrics at host:port?"""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        r = httpx.get(f"http://{netloc}/metrics", timeout=2.0, trust_env=False)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and "autotune_daemon_phase" in r.text
 
 
 CHECKS: tuple[tuple[str, Callable[[DaemonConfig], str | None]], ...] = (
     ("production answers", _production_answers),
     ("production config", _production_config),
     ("restart command", _restart_command),
+    ("proxy config", _proxy_config),
     ("staging study", _staging_study),
     ("state directory", _state_dir),
     ("metrics port", _metrics_port),

@@ -100,8 +100,7 @@ class NginxProxy:
         # nginx reads this file as root at reload; 0644 like the rest of its config
         atomic_write(self.upstream_file, new, 0o644)
         try:
-            if self.test:
-                self._run(self.test, "test")
+            self.check()
             self._run(self.reload, "reload")
         except PublishError:
             if old is not None:
@@ -118,6 +117,12 @@ class NginxProxy:
                 except PublishError:
                     pass
             raise
+
+    def check(self) -> None:
+        """Run the proxy's config test (``test``; nothing when it is empty): a PublishError with its words when
+        the config is broken, found now rather than at the next switch."""
+        if self.test:
+            self._run(self.test, "test")
 
     def _run(self, argv: tuple[str, ...], what: str) -> None:
         try:
