@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from autotune.daemon.config import DaemonConfig, bind_test
+from autotune.daemon.exporter import PHASE_METRIC
 from autotune.daemon.production import build_target, daemon_root
 from autotune.errors import AutotuneError
 
@@ -134,7 +135,7 @@ def _daemon_metrics_at(host: str, port: int) -> bool:
         r = httpx.get(f"http://{netloc}/metrics", timeout=2.0, trust_env=False)
     except httpx.HTTPError:
         return False
-    return r.status_code == 200 and "autotune_daemon_phase" in r.text
+    return r.status_code == 200 and PHASE_METRIC in r.text
 
 
 CHECKS: tuple[tuple[str, Callable[[DaemonConfig], str | None]], ...] = (

@@ -11,7 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Info, start_http_server
 
-__all__ = ["DaemonMetrics"]
+__all__ = ["DaemonMetrics", "PHASE_METRIC"]
+
+PHASE_METRIC = "autotune_daemon_phase"  # also how `daemon --check` knows a port is held by a running daemon
 
 PHASES = ["watching", "tuning", "awaiting_approval", "publishing", "verifying", "rolling_back"]
 TRIAL_STATES = ["complete", "pruned", "fail", "running", "waiting"]
@@ -36,7 +38,7 @@ class DaemonMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.phase = Enum("autotune_daemon_phase", "What the daemon is doing", states=PHASES, registry=r)
+        self.phase = Enum(PHASE_METRIC, "What the daemon is doing", states=PHASES, registry=r)
         self.trials = Gauge("autotune_trials", "Trials of the current (or last) tuning study, by state", ["state"],
                             registry=r)
         self.best_capacity = _Known(r, "autotune_best_capacity_requests_per_second",
