@@ -24,6 +24,7 @@ from autotune.publish.vllm_config import VllmConfigTarget
 
 ROOT = Path(__file__).resolve().parent.parent
 SNIPPET = ROOT / "systemd" / "nginx-autotune.conf"
+ARRIVALS = "/var/log/nginx/autotune/arrivals.log"  # the snippet's arrivals log, moved under each rig's prefix
 SERVICE = Path(__file__).parent / "fixtures" / "sim_service.py"
 MODEL = "llama-3.1-8b"
 SIM = ("--gpu", "a10-24gb", "--time-scale", "0.01")
@@ -59,9 +60,11 @@ class Nginx:
     def write_config(self) -> None:
         self.prefix.mkdir(parents=True, exist_ok=True)
         snippet = SNIPPET.read_text()
-        assert "listen 127.0.0.1:8000;" in snippet and "/etc/nginx/autotune/vllm-upstream.conf" in snippet
+        for shipped in ("listen 127.0.0.1:8000;", "/etc/nginx/autotune/vllm-upstream.conf", ARRIVALS):
+            assert shipped in snippet, shipped
         snippet = (snippet.replace("listen 127.0.0.1:8000;", f"listen 127.0.0.1:{self.port};")
-                   .replace("/etc/nginx/autotune/vllm-upstream.conf", str(self.upstream_file)))
+                   .replace("/etc/nginx/autotune/vllm-upstream.conf", str(self.upstream_file))
+                   .replace(ARRIVALS, str(self.arrivals_log)))
         (self.prefix / "autotune-vllm.conf").write_text(snippet)
         user = "user root;\n" if os.geteuid() == 0 else ""  # the test's temp dirs are not readable by nobody
         self.conf.write_text(
@@ -69,8 +72,6 @@ class Nginx:
             f"error_log {self.prefix}/error.log notice;\n"
             "events { worker_connections 512; }\n"
             "http {\n"
-            "  log_format colors '$msec $status $upstream_addr $request_time \"$request_uri\"';\n"
-            f"  access_log {self.prefix}/access.log colors;\n"
             f"  client_body_temp_path {self.prefix}/body; proxy_temp_path {self.prefix}/proxy;\n"
             f"  fastcgi_temp_path {self.prefix}/fastcgi; uwsgi_temp_path {self.prefix}/uwsgi;\n"
             f"  scgi_temp_path {self.prefix}/scgi;\n"
@@ -105,12 +106,17 @@ class Nginx:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    @property
+    def arrivals_log(self) -> Path:
+        """The shipped snippet's log (its own format, the daemon's [watch].arrivals_log), under this nginx's prefix."""
+        return self.prefix / "arrivals.log"
+
     def access_log(self) -> list[tuple[float, int, str, str]]:
-        """(time, status, upstream address, URI) per request nginx finished."""
+        """(time, status, upstream address, URI) per request nginx finished, from the shipped snippet's log."""
         out = []
-        path = self.prefix / "access.log"
+        path = self.arrivals_log
         for line in path.read_text().splitlines() if path.exists() else []:
-            t, status, upstream, _, uri = line.split(" ", 4)
+            t, _, status, _, uri, upstream = line.split(" ", 5)
             out.append((float(t), int(status), upstream, uri.strip('"')))
         return out
 

@@ -16,7 +16,8 @@ from tests.conftest import example_study, free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tiny_model=None, metrics_port=None):
+def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tiny_model=None, metrics_port=None,
+                 watch=None):
     if yaml:
         (tmp_path / "p.yaml").write_text("model: llama-3.1-8b\nmax-num-seqs: 64\n")
     data = {
@@ -26,6 +27,7 @@ def write_config(tmp_path, url, *, yaml=True, restart=("true",), study=None, tin
                        "restart": list(restart)},
         "staging": {"study": str(study or example_study("sim-h100-8b-chat", tiny_model, tmp_path))},
         "metrics": {"listen": f"127.0.0.1:{metrics_port or free_port()}"},
+        **({"watch": watch} if watch else {}),
     }
     p = tmp_path / "d.toml"
     p.write_text(tomli_w.dumps(data))
@@ -41,7 +43,7 @@ def check(path):
 def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim, tiny_model):
     r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model))
     assert r.returncode == 0, r.stderr
-    assert "all 7 checks pass" in r.stdout and r.stderr == ""
+    assert "all 8 checks pass" in r.stdout and r.stderr == ""
     assert not (tmp_path / "state").exists()  # a check writes nothing
 
 
@@ -52,14 +54,15 @@ def test_each_missing_piece_is_one_line_and_a_failing_exit(tmp_path):
                      .replace('tokenizer = "models/tiny-llama"', 'tokenizer = "no/such/tokenizer"')
                      .replace('command = ".venv/bin/vllm-sim', 'command = "/no/such/vllm-sim'))
     r = check(write_config(tmp_path, down, yaml=False, restart=("no-such-restart-tool", "vllm@production"),
-                           study=study))
+                           study=study, watch={"arrivals_log": str(tmp_path / "no-such-arrivals.log")}))
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     by_check = {line.split(": ")[2]: line for line in lines}
     assert "does not answer at " + down + "/health" in by_check["production answers"]
     assert "there is no production config to start from" in by_check["production config"]
     assert "'no-such-restart-tool' is not an executable" in by_check["restart command"]
+    assert "no-such-arrivals.log does not exist: the proxy writes it" in by_check["arrivals log"]
     staging = by_check["staging study"]
     assert "names no tokenizer that exists here" in staging and "'/no/such/vllm-sim' is not an executable" in staging
 
@@ -81,7 +84,7 @@ def test_a_check_beside_the_running_daemon_passes_and_a_port_taken_by_something_
     port = free_port()
     DaemonMetrics().serve("127.0.0.1", port)  # the daemon being checked, running: its metrics hold the port
     r = check(write_config(tmp_path, vllm_sim, tiny_model=tiny_model, metrics_port=port))
-    assert r.returncode == 0 and "all 7 checks pass" in r.stdout, r.stderr
+    assert r.returncode == 0 and "all 8 checks pass" in r.stdout, r.stderr
 
     other = socket.socket()
     other.bind(("127.0.0.1", 0))

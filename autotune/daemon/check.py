@@ -87,6 +87,20 @@ def _proxy_config(cfg: DaemonConfig) -> str | None:
     return None
 
 
+def _arrivals_log(cfg: DaemonConfig) -> str | None:
+    """[watch].arrivals_log, where set, is a file the daemon's user can read: the proxy writes it."""
+    path = cfg.arrivals_log
+    if path is None:
+        return None
+    if not path.is_file():
+        return (f"[watch].arrivals_log: {path} does not exist: the proxy writes it (systemd/nginx-autotune.conf's "
+                "access_log line, then reload nginx), or remove the key to count demand from /metrics alone")
+    if not os.access(path, os.R_OK):
+        return (f"[watch].arrivals_log: {path} is not readable by this user: let nginx create it 0644 "
+                "(systemd/logrotate-autotune keeps it so)")
+    return None
+
+
 def _staging_study(cfg: DaemonConfig) -> str | None:
     from autotune.study.definition import load_study
 
@@ -143,6 +157,7 @@ CHECKS: tuple[tuple[str, Callable[[DaemonConfig], str | None]], ...] = (
     ("production config", _production_config),
     ("restart command", _restart_command),
     ("proxy config", _proxy_config),
+    ("arrivals log", _arrivals_log),
     ("staging study", _staging_study),
     ("state directory", _state_dir),
     ("metrics port", _metrics_port),

@@ -24,6 +24,8 @@
     [watch]
     scrape_interval = "15s"              # at least 1s
     window = "10m"                       # SLO compliance and the traffic fingerprint over this span
+    arrivals_log = ""                    # the proxy's log of users' requests (the shipped nginx snippet's
+                                         # /var/log/nginx/autotune/arrivals.log): demand, served or not
 
     [triggers]
     drift = 0.5                          # re-tune when the fingerprint moved this far (0.5: ~1.65x)
@@ -108,6 +110,7 @@ class DaemonConfig:
     production: Production
     staging_study: Path
     staging_trace: Path | None = None  # a captured trace to tune with, instead of the synthesized traffic
+    arrivals_log: Path | None = None  # the proxy's log of users' requests (daemon/arrivals.py)
     scrape_interval_s: float = 15.0
     window_s: float = 600.0
     triggers: Triggers = field(default_factory=Triggers)
@@ -174,6 +177,7 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     # a scrape is an HTTP request to production: more than one a second is a busy loop, not a watch
     scrape_interval = watch.duration("scrape_interval", 15.0, at_least=1)
     window = watch.duration("window", 600.0, above=0)
+    arrivals = watch.string("arrivals_log", "")
     watch.done()
     trig = top.table("triggers")
     triggers = Triggers(drift=trig.number("drift", 0.5, above=0),
@@ -193,6 +197,7 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     met.done()
     return DaemonConfig(
         name=name, slos=slos, production=production, staging_study=study, staging_trace=trace,
+        arrivals_log=p.parent / arrivals if arrivals else None,
         scrape_interval_s=scrape_interval, window_s=window, triggers=triggers, tuning_windows=windows,
         canary_requests=canary_requests, approval=approval, metrics_listen=listen, source=p, state_dir=state_dir,
     )

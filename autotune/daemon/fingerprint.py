@@ -45,7 +45,8 @@ class Fingerprint:
     prefix_cache_hit_rate: float | None
     window_s: float
     requests: int = 0  # how many finished requests the window saw: how far to trust the rest
-    saturated: bool = False  # production could not keep up: request_rate is a lower bound of demand
+    saturated: bool = False  # production could not keep up: without ``offered``, request_rate is a lower bound
+    offered: bool = False  # request_rate counts every request users sent (the proxy's log), served or not
 
     @classmethod
     def of(cls, window: Window, recent: Window | None = None) -> Fingerprint:
@@ -65,6 +66,7 @@ class Fingerprint:
             window_s=window.dt,
             requests=window.requests,
             saturated=window.saturated,
+            offered=window.offered,
         )
 
     def to_json(self) -> dict[str, float | int | None]:

@@ -43,6 +43,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.daemon import notify
+from autotune.daemon.arrivals import ArrivalLog
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
@@ -74,6 +75,13 @@ def _say(text: str) -> None:
     print(f"autotune: {text}", file=sys.stderr, flush=True)
 
 
+def _demand_note(fp: Fingerprint) -> str:
+    """How far the imitated rate is users' demand: the proxy's count is all of it; /metrics under saturation is not."""
+    if fp.offered:
+        return " (users' requests at the proxy" + (", production could not keep up)" if fp.saturated else ")")
+    return " (at least: production could not keep up)" if fp.saturated else ""
+
+
 class Daemon:
     def __init__(self, cfg: DaemonConfig, *, target: Target | None = None, root: Path | None = None,
                  metrics: DaemonMetrics | None = None, autotune_argv: list[str] | None = None) -> None:
@@ -83,7 +91,8 @@ class Daemon:
         self.history = History(self.root / "history")
         self.target = target or build_target(cfg)
         self.metrics = metrics or DaemonMetrics()
-        self.watcher = Watcher(cfg.production.url, window_s=cfg.window_s)
+        self.watcher = Watcher(cfg.production.url, window_s=cfg.window_s,
+                               arrivals=ArrivalLog(cfg.arrivals_log) if cfg.arrivals_log else None)
         self.study = load_staging(cfg.staging_study, self.root)  # the template: checked now, not at the first drift
         if self.study.workload.tokenizer is None:
             raise ConfigError(f"{cfg.staging_study}: the daemon builds prompts like production's with the model's "
@@ -151,6 +160,11 @@ class Daemon:
                       production=replace(new.production, url=self.cfg.production.url))
         if new.production != self.cfg.production and self._job is None:
             self.target = build_target(new)
+        if new.arrivals_log != self.cfg.arrivals_log:  # new totals: no window may span the old reader's and the new
+            if self.watcher.arrivals is not None:
+                self.watcher.arrivals.close()
+            self.watcher.arrivals = ArrivalLog(new.arrivals_log) if new.arrivals_log else None
+            self.watcher.restart_window()
         self.cfg, self.study = new, study
         self.watcher.window_s = new.window_s
         _say(f"reloaded {path}" + (f"; {', '.join(held)} changed and take a restart" if held else ""))
@@ -249,7 +263,10 @@ class Daemon:
             self.metrics.request_rate.set(window.request_rate)
         if window.dt < FULL_WINDOW * self.cfg.window_s:  # a part window's mean reads steady traffic as drift
             return Observation(None, None)
-        if window.requests < MIN_REQUESTS:
+        # the proxy counts a saturated production's demand whatever finished, and what finished still tells the
+        # lengths, so users who give up (and finish nothing) cannot keep the daemon from imitating them
+        counted = window.saturated and window.offered and window.requests > 0
+        if window.requests < MIN_REQUESTS and not counted:
             # too few finished to judge latencies or imitate the traffic, but a queue that never empties
             # says enough: few finish because production cannot keep up
             return Observation(None, True, saturated=True) if window.saturated else Observation(None, None)
@@ -319,7 +336,7 @@ class Daemon:
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
                   tuning_started=time.time(), trials_told=(),
                   note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
-                       + (" (at least: production could not keep up)" if fp.saturated else ""),
+                       + _demand_note(fp),
                   tuned_fingerprint=self.state.tuned_fingerprint, imitated=fp.to_json(),
                   breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
         self._spawn()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune.daemon.arrivals import ArrivalCount
 from autotune.engine.kind import MetricSpec
 from autotune.engine.vllm.metrics import METRICS
 
@@ -91,6 +92,7 @@ class Snapshot:
     histograms: dict[str, Histogram]
     gauges: dict[str, float]
     wall: float = 0.0  # time.time(), for logs and reports
+    proxy: ArrivalCount | None = None  # users' requests the proxy had logged by then (arrivals.py), where one is read
 
 
 def parse_metrics(text: str, t: float | None = None, wall: float | None = None) -> Snapshot:

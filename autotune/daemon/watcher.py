@@ -1,18 +1,21 @@
-"""The production watcher: what production's vLLM serves, read from its ``/metrics``.
+"""The production watcher: what production's vLLM serves, read from its ``/metrics``, and what users offered,
+read from the proxy's log where there is one.
 
-``Watcher`` keeps a ring of snapshots (``scrape``, prometheus.py) and turns each ``poll()`` into
-the latest window (``Window``, window.py). It has no thread and no timer: the daemon calls
-``poll()`` on its own schedule. Scrape errors are counted, never raised.
+``Watcher`` keeps a ring of snapshots (``scrape``, prometheus.py; the proxy's running totals, arrivals.py)
+and turns each ``poll()`` into the latest window (``Window``, window.py). It has no thread and no timer:
+the daemon calls ``poll()`` on its own schedule. Scrape errors are counted, never raised.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Self
 
 import httpx
 
+from autotune.daemon.arrivals import ArrivalLog
 from autotune.daemon.prometheus import Snapshot, scrape
 from autotune.daemon.window import Window, level_change
 
@@ -31,7 +34,8 @@ class Watcher:
 
     def __init__(self, url: str, *, window_s: float = 300.0, keep: int = 256, timeout: float = 5.0,
                  client: httpx.Client | None = None,
-                 scraper: Callable[[str, httpx.Client | None, float], Snapshot] = scrape) -> None:
+                 scraper: Callable[[str, httpx.Client | None, float], Snapshot] = scrape,
+                 arrivals: ArrivalLog | None = None) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be positive")
         self.url = url
@@ -46,6 +50,7 @@ class Watcher:
         self._owns_client = client is None
         self._client = client if client is not None else httpx.Client(timeout=timeout, trust_env=False)
         self._scraper = scraper
+        self.arrivals = arrivals  # the proxy's log of users' requests, read at each successful scrape
 
     def poll(self) -> Window | None:
         try:
@@ -56,6 +61,8 @@ class Watcher:
             self.last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             return None
         self.consecutive_errors = 0
+        if self.arrivals is not None:
+            snap = replace(snap, proxy=self.arrivals.read())
         return self.add(snap)
 
     def add(self, snap: Snapshot) -> Window | None:
@@ -104,6 +111,8 @@ class Watcher:
         self.snapshots.clear()
 
     def close(self) -> None:
+        if self.arrivals is not None:
+            self.arrivals.close()
         if self._owns_client:
             self._client.close()
 

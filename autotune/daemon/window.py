@@ -61,6 +61,8 @@ class Window:
     gauges_start: dict[str, float] = field(default_factory=dict)  # at the start of the window
     waiting_min: float | None = None  # the fewest requests waiting at any scrape of the window
     scrapes: int = 2  # snapshots the window was read from, its ends included
+    proxy_arrived: int | None = None  # users' requests the proxy logged in the window (arrivals.py), where it is read
+    proxy_failed: int | None = None  # ... and those of them that failed: 5xx, timeouts, users who gave up
 
     @classmethod
     def between(cls, prev: Snapshot, cur: Snapshot, inside: Sequence[Snapshot] = ()) -> Window:
@@ -86,8 +88,11 @@ class Window:
             start = dict(prev.gauges)
             seen = [prev, *inside, cur]
         queue = [s.gauges["waiting"] for s in seen if "waiting" in s.gauges]
+        # the proxy's totals are the daemon's own count, so they hold across a production restart
+        proxy = (cur.proxy.arrived - prev.proxy.arrived, cur.proxy.failed - prev.proxy.failed) \
+            if cur.proxy is not None and prev.proxy is not None else (None, None)
         return cls(prev.t, cur.t, counters, histograms, dict(cur.gauges), reset, start,
-                   min(queue) if len(queue) == len(seen) else None, len(seen))
+                   min(queue) if len(queue) == len(seen) else None, len(seen), *proxy)
 
     @property
     def dt(self) -> float:
@@ -119,28 +124,40 @@ class Window:
         return sum(self.gauges[k] - self.gauges_start[k] for k in keys)
 
     @property
+    def offered(self) -> bool:
+        """Whether ``arrivals`` is every request users sent (the proxy's log), not a lower bound read from /metrics."""
+        return self.proxy_arrived is not None
+
+    @property
     def arrivals(self) -> int:
-        """Requests that arrived in the window: those that finished, plus the growth of what is still in the
-        engine. vLLM counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503,
-        #55634), so under saturation, when clients give up while they wait, what finished is what the engine
-        could serve, not what users sent; the backlog's growth is the part of demand /metrics still shows.
-        Requests abandoned in the queue stay invisible: under saturation this is a lower bound."""
+        """Requests that arrived in the window. Where the proxy's log is read: every user's request it logged,
+        served or not. Otherwise those that finished, plus the growth of what is still in the engine. vLLM
+        counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503, #55634), so under
+        saturation, when clients give up while they wait, what finished is what the engine could serve, not
+        what users sent; the backlog's growth is the part of demand /metrics still shows. Requests abandoned
+        in the queue stay invisible: without the proxy's log, under saturation, this is a lower bound."""
+        if self.proxy_arrived is not None:
+            return self.proxy_arrived
         growth = self.backlog_growth
         return max(self.requests + round(growth), 0) if growth is not None else self.requests
 
     @property
     def arrival_rate(self) -> float | None:
-        """Arrived requests per second: the demand production was offered (a lower bound when saturated)."""
-        if self.dt <= 0 or "requests" not in self.counters:
+        """Arrived requests per second: the demand production was offered (without the proxy's log, a lower
+        bound when saturated)."""
+        if self.dt <= 0 or ("requests" not in self.counters and self.proxy_arrived is None):
             return None
         return self.arrivals / self.dt
 
     @property
     def saturated(self) -> bool:
         """Production served all it could and users wanted more: requests waited at every scrape of the window
-        (three at least), or the backlog grew by more than a tenth of what arrived (three requests at least).
-        Either way its TTFT grows with the queue, and what finished understates demand."""
+        (three at least), or the backlog grew by more than a tenth of what arrived (three requests at least),
+        or the proxy logged that a twentieth of users' requests failed (three at least: timeouts, users who
+        gave up, 5xx). Either way its TTFT grows with the queue, and what finished understates demand."""
         if self.waiting_min is not None and self.scrapes >= 3 and self.waiting_min >= 1:
+            return True
+        if self.proxy_failed is not None and self.proxy_failed >= max(3.0, 0.05 * self.arrivals):
             return True
         growth = self.backlog_growth
         return growth is not None and growth >= max(3.0, 0.1 * self.arrivals)
