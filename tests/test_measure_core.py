@@ -6,7 +6,7 @@ about what a real stream produces. ``scripts/mutation.sh`` mutates these modules
 
 import pytest
 
-from autotune.measure.metrics import RequestResult, summarize
+from autotune.measure.metrics import RequestResult, lost_already, summarize
 from autotune.measure.profiles import FixedLoad, Ladder
 from autotune.measure.replay import ReplayOptions
 from autotune.measure.session import MIN_OFFERED_SHARE, Outcome, Step, measure_url
@@ -523,3 +523,32 @@ def test_no_gain_is_stated_over_a_baseline_that_held_every_load():
     v = judge([base, bounded])
     assert v.significant and not v.baseline_at_least
     assert v.sentence().startswith("baseline vllm-defaults beats baseline by at least 4.00 req/s"), v.sentence()
+
+
+def sent(i: float, ttft: float | None = None, e2e: float | None = None, error: str = "") -> RequestResult:
+    """A request sent at ``i`` s: answered (ttft, e2e), failed (error) or still waiting (neither)."""
+    return RequestResult(int(i * 10), i, i, e2e is not None and not error, error, ttft, [], e2e)
+
+
+@pytest.mark.parametrize(("text", "results", "total", "now", "lost"), [
+    # nothing sent yet, or everything waiting less than the target: it can still pass
+    ("ttft<1s", [], 10, 0.5, None),
+    ("ttft<1s", [sent(0.0), sent(0.1)], 10, 0.9, None),
+    # p95 of 10 values lies between the two largest: one request waiting 1 s is not enough, two are
+    ("ttft<1s", [sent(0.0), sent(0.5)], 10, 1.2, None),
+    ("ttft<1s", [sent(0.0), sent(0.1)], 10, 1.2, "p95:ttft<1s missed already: 1155 ms at least, with 2 of 10 sent"),
+    # answered requests count with their own TTFT, waiting ones with their wait so far
+    ("ttft<1s", [sent(0.0, 1.5, 2.0), sent(0.1)], 10, 1.2, "p95:ttft<1s missed already"),
+    ("ttft<1s", [sent(0.0, 0.1, 2.0), sent(0.1, 0.1)], 10, 5.0, None),
+    # a mean counts the unsent as instant answers: 3 s + 2.5 s waited over 4 requests
+    ("mean:e2e<1s", [sent(0.0), sent(0.5)], 4, 3.0, "mean:e2e<1s missed already: 1375 ms at least"),
+    ("mean:e2e<2s", [sent(0.0), sent(0.5)], 4, 3.0, None),
+    # a failed request loses the step whatever the latencies
+    ("ttft<1s", [sent(0.0, 0.1, 0.2), sent(0.1, error="HTTP 500: boom\nsecond line")], 10, 0.3,
+     "request 1 failed (second line)"),
+    # TPOT waits for the end: a request's future tokens are unknown
+    ("tpot<1ms", [sent(0.0, 0.1), sent(0.1, 0.1)], 10, 9.0, None),
+])
+def test_a_step_is_lost_already_only_when_no_ending_can_pass_it(text, results, total, now, lost):
+    why = lost_already(parse_slos([text]), results, total, now)
+    assert why == lost if lost is None else why.startswith(lost), why

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from autotune.errors import MeasurementError
-from autotune.measure.metrics import summarize
+from autotune.measure.metrics import lost_already, summarize
 from autotune.measure.replay import ReplayOptions, payload_for, run_replay
+from autotune.measure.slo import parse_slo
 from autotune.workload.trace import Request, Workload
 from tests.conftest import free_port
 
@@ -169,3 +170,32 @@ def test_payload_shapes():
     path, body = payload_for(Request(0, 7, prompt="q", prefix="sys", prefix_tokens=3, prefix_group="g", api="chat"), "m")
     assert path == "/v1/chat/completions"
     assert body["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+
+
+def test_a_replay_that_gives_up_stops_sending_and_closes_what_is_in_flight():
+    # every TTFT is 800 ms against a 300 ms SLO: once two requests waited 300 ms (numpy's p95 of 20 values lies
+    # between the two largest), the step cannot pass whatever the rest do
+    slos = [parse_slo("ttft<300ms")]
+    with fixed_timing_server(800.0, 10.0) as url:
+        rep = run_replay(url, workload(20, 0.1, out=5), ReplayOptions(warmup_requests=0),
+                         give_up=lambda results, total, now: lost_already(slos, results, total, now))
+    assert rep.cut.startswith("p95:ttft<300ms missed already: "), rep.cut
+    assert 2 <= len(rep.results) < 20 and rep.wall_s < 1.9  # unsent requests stayed unsent; all 20: 2.7 s at least
+    cut = [r for r in rep.results if not r.success]
+    assert cut and all(r.error.startswith("cut: the step was already lost (p95:ttft<300ms") for r in cut)
+    s = summarize(rep.results, slos)
+    assert s.failed == len(cut)  # the step fails on its face too (session.Step.passed wants no failure)
+
+
+def test_a_replay_that_can_still_pass_runs_to_its_end():
+    slos = [parse_slo("ttft<1s")]
+    asked = []
+
+    def give_up(results, total, now):
+        asked.append(now)
+        return lost_already(slos, results, total, now)
+
+    with fixed_timing_server(TTFT_MS, ITL_MS) as url:
+        rep = run_replay(url, workload(10, 0.1, out=3), ReplayOptions(warmup_requests=0), give_up=give_up)
+    assert rep.cut == "" and len(rep.results) == 10 and all(r.success for r in rep.results)
+    assert len(asked) >= 2  # it was asked along the way, and said to go on

@@ -60,7 +60,7 @@ def measured_steps(trials, only: set[int] | None = None) -> list:
         args = a[Attr.ENGINE_ARGS]
         values: dict[str, Any] = {**args.get("env", {}), **args.get("values", {})}
         for st in a[Attr.STEPS]:
-            if st.get("failed") or (st.get("completed") or 0) < 2:
+            if st.get("failed") or st.get("cut") or (st.get("completed") or 0) < 2:  # a cut step's first requests only
                 continue
             measured = {k: float(st[k]) for k in METRICS if st.get(k)}
             if measured:
@@ -188,7 +188,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     if fitted is None:
         n = len({s.trial for s in measured_steps(study.get_trials(deepcopy=False), only)})
         raise ConfigError(f"study {d.name} has {n} cleanly measured trial(s) to fit on; calibrating needs "
-                          f"{MIN_TRIALS} at least: run more trials (autotune study {a.file})")
+                          f"{MIN_TRIALS} at least: run more trials (autotune study {a.file}), with "
+                          "[objective] cut_lost_steps = false where the study is meant for calibrating (a step "
+                          "stopped once it could not pass is left out of a fit)")
     print(f"{fitted.describe()}")
     for k in FITTED:
         print(f"  {k:22} {fitted.constants[k]:.4g}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from autotune.measure.slo import SLO, Verdict
 
-__all__ = ["RequestResult", "Distribution", "Summary", "summarize", "request_value", "PERCENTILES"]
+__all__ = ["RequestResult", "Distribution", "Summary", "summarize", "request_value", "lost_already", "PERCENTILES"]
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
@@ -197,3 +197,28 @@ def summarize(results: list[RequestResult], slos: list[SLO] = ()) -> Summary:
         itl_same_read=(sum(g < SAME_READ_S for g in samples["itl"]) / len(samples["itl"])) if samples["itl"] else 0.0,
         samples=samples,
     )
+
+
+def lost_already(slos: list[SLO], results: list[RequestResult], total: int, now: float) -> str | None:
+    """Why a load step of ``total`` requests can no longer pass, judged on its requests so far (those sent, in
+    ``results``) at ``now`` (seconds on the clock of ``sent_s``); None while it still can.
+
+    A step passes only if no request fails and every SLO holds (session.Step.passed). So a failed request loses
+    it, and so does a TTFT or E2E SLO that misses even if every request still waiting answers this instant and
+    every unsent one at once: a waiting request's TTFT and E2E are at least its wait so far, and a percentile or a
+    mean only grows when a value does. TPOT and ITL are left to the end: a request's future tokens are unknown."""
+    failed = next((r for r in results if r.error), None)
+    if failed is not None:
+        return f"request {failed.index} failed ({failed.error.strip().splitlines()[-1][:120]})"
+    for slo in slos:
+        if slo.metric not in ("ttft", "e2e") or not slo.upper_bound:
+            continue
+        least = [(r.ttft if slo.metric == "ttft" else r.e2e) for r in results]
+        least = [now - r.sent_s if v is None else v for v, r in zip(least, results)]
+        least += [0.0] * (total - len(results))
+        if not least:
+            continue
+        value = float(np.mean(least)) if slo.percentile is None else float(np.percentile(least, slo.percentile))
+        if not slo.holds(value):
+            return f"{slo.text} missed already: {value * 1000:.0f} ms at least, with {len(results)} of {total} sent"
+    return None

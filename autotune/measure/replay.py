@@ -28,7 +28,7 @@ from autotune.measure.metrics import RequestResult
 from autotune.workload.eventloop import event_loop_factory
 from autotune.workload.trace import Request, Workload
 
-__all__ = ["ReplayOptions", "Replay", "replay", "run_replay", "discover_model", "warm_up", "payload_for"]
+__all__ = ["ReplayOptions", "Replay", "GiveUp", "replay", "run_replay", "discover_model", "warm_up", "payload_for"]
 
 # The first sends are scheduled this far ahead, so that creating tasks never makes them late.
 _START_DELAY_S = 0.02
@@ -52,6 +52,12 @@ class Replay:
     results: list[RequestResult]
     wall_s: float  # the replay's own duration, warm-up excluded
     warmup_s: float
+    cut: str = ""  # why the replay stopped before its last request (``give_up``); "" when it ran to the end
+
+
+# (results so far, requests in the workload, seconds since the replay started) -> why to stop now, or None
+GiveUp = Callable[[list[RequestResult], int, float], str | None]
+GIVE_UP_EVERY_S = 0.25  # how often ``give_up`` is asked
 
 
 def payload_for(r: Request, model: str, max_tokens: int | None = None) -> tuple[str, dict]:
@@ -180,7 +186,10 @@ async def warm_up(client: httpx.AsyncClient, workload: Workload, model: str, n: 
 
 
 async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),
-                 on_result: Callable[[RequestResult], None] | None = None) -> Replay:
+                 on_result: Callable[[RequestResult], None] | None = None, give_up: GiveUp | None = None) -> Replay:
+    """Replay ``workload`` against ``url``. ``give_up``, asked every GIVE_UP_EVERY_S, may stop it early: the
+    requests not sent yet are left out, those in flight are closed (which aborts them in vLLM) and marked as
+    cut, and ``Replay.cut`` says why."""
     async with _client(url, options) as client:
         model = options.model or await discover_model(client)
         tw = time.perf_counter()
@@ -205,34 +214,60 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
             if on_result is not None:
                 on_result(res)
 
+        async def send_all() -> None:
+            for i, r in enumerate(workload.requests):
+                scheduled = (r.arrival_s - t0_arrival) / options.load
+                # One clock (perf_counter) for the schedule and the measurement. Event-loop timers are
+                # coarser (uvloop's: 1 ms), so a send can be up to a millisecond early: the send lag shows it.
+                delay = t0_perf + scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i, r, scheduled)))
+            await asyncio.gather(*tasks)
+
+        async def watch(sending: asyncio.Task[None]) -> str:
+            while not sending.done():
+                await asyncio.sleep(GIVE_UP_EVERY_S)
+                why = give_up(results, len(workload), time.perf_counter() - t0_perf) if give_up else None
+                if why:
+                    sending.cancel()
+                    for t in tasks:
+                        t.cancel()
+                    return why
+            return ""
+
         started_at = time.time()
         run_id = f"autotune-{int(started_at * 1000):x}"
         t0_perf = time.perf_counter() + _START_DELAY_S
-        tasks = []
-        for i, r in enumerate(workload.requests):
-            scheduled = (r.arrival_s - t0_arrival) / options.load
-            # One clock (perf_counter) for the schedule and the measurement. Event-loop timers are
-            # coarser (uvloop's: 1 ms), so a send can be up to a millisecond early: the send lag shows it.
-            delay = t0_perf + scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, r, scheduled)))
+        tasks: list[asyncio.Task[None]] = []
+        sending = asyncio.create_task(send_all())
+        watcher = asyncio.create_task(watch(sending)) if give_up is not None else None
         try:
-            await asyncio.gather(*tasks)
+            cut = ""
+            if watcher is not None:
+                await asyncio.wait({sending, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if watcher.done():
+                    cut = watcher.result()
+                else:
+                    watcher.cancel()
+            await asyncio.gather(sending, *tasks, return_exceptions=bool(cut))
         except BaseException:
-            for t in tasks:
+            for t in (sending, *tasks, *([watcher] if watcher else [])):
                 t.cancel()
             raise
         wall_s = time.perf_counter() - t0_perf
+    for res in results:
+        if cut and not res.success and not res.error:
+            res.error = f"cut: the step was already lost ({cut})"
     results.sort(key=lambda x: x.index)
-    return Replay(model, started_at, results, wall_s, warmup_s)
+    return Replay(model, started_at, results, wall_s, warmup_s, cut)
 
 
 def run_replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),
-               on_result: Callable[[RequestResult], None] | None = None) -> Replay:
+               on_result: Callable[[RequestResult], None] | None = None, give_up: GiveUp | None = None) -> Replay:
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         try:
-            return runner.run(replay(url, workload, options, on_result))
+            return runner.run(replay(url, workload, options, on_result, give_up))
         except asyncio.CancelledError:
             raise_if_interrupted()  # a stop signal cancelled the replay (engine.launcher.stop_on_signals)
             raise

@@ -29,9 +29,9 @@ from autotune.engine.failures import Failure
 from autotune.engine.flags import FlagTable
 from autotune.engine.launcher import Engine
 from autotune.errors import EngineFailure, MeasurementError
-from autotune.measure.metrics import RequestResult, Summary, summarize
+from autotune.measure.metrics import RequestResult, Summary, lost_already, summarize
 from autotune.measure.profiles import FixedLoad, LoadProfile
-from autotune.measure.replay import Replay, ReplayOptions, run_replay
+from autotune.measure.replay import GiveUp, Replay, ReplayOptions, run_replay
 from autotune.measure.slo import SLO, Verdict
 from autotune.workload.trace import Workload
 
@@ -58,6 +58,7 @@ class Step:
     model: str = ""  # the served model name the replay used
     warmup_s: float = 0.0
     measured_s: float = 0.0  # the replay's own duration, warm-up excluded
+    cut: str = ""  # why the step was stopped before its last request: it had already failed (metrics.lost_already)
 
     @property
     def offered_share(self) -> float:
@@ -89,7 +90,7 @@ class Step:
         return {
             "load": self.load, "rate": self.rate, "passed": self.passed, "client_kept_up": self.client_kept_up,
             "offered_share": self.offered_share,
-            "replay_s": self.replay_s,
+            "replay_s": self.replay_s, "cut": self.cut,
             "completed": s.completed, "failed": s.failed, "request_throughput": s.request_throughput,
             "output_throughput": s.output_throughput, "goodput": s.goodput, "slo_attainment": s.slo_attainment,
             "ttft_p95": s.ttft.p95, "tpot_p95": s.tpot.p95, "e2e_p95": s.e2e.p95, "send_lag_p99": s.send_lag.p99,
@@ -173,11 +174,11 @@ class Outcome:
         return [r.to_json() for s in self.steps for r in s.results]
 
 
-def replay_on(engine: Engine, workload: Workload, options: ReplayOptions,
-              on_result: OnResult | None = None) -> tuple[Replay | None, Failure | None]:
+def replay_on(engine: Engine, workload: Workload, options: ReplayOptions, on_result: OnResult | None = None,
+              give_up: GiveUp | None = None) -> tuple[Replay | None, Failure | None]:
     """Replay against a running engine; (replay, None), or (what was measured, why the engine died)."""
     try:
-        replay = run_replay(engine.url, workload, options, on_result)
+        replay = run_replay(engine.url, workload, options, on_result, give_up)
     except MeasurementError:
         failure = engine.check()
         if failure is None:
@@ -189,7 +190,7 @@ def replay_on(engine: Engine, workload: Workload, options: ReplayOptions,
 def _step(load: float, workload: Workload, replay: Replay, slos: list[SLO], seconds: float) -> Step:
     summary = summarize(replay.results, slos)
     return Step(load, workload.load_rate, summary, summary.verdicts(slos), seconds, replay.results, replay.model,
-                replay.warmup_s, replay.wall_s)
+                replay.warmup_s, replay.wall_s, replay.cut)
 
 
 def _run_steps(out: Outcome, replay_at: Callable[[Workload, ReplayOptions], tuple[Replay | None, Failure | None]],
@@ -215,8 +216,12 @@ def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
                    log_dir: Path, startup_timeout: float = 900.0, replay: ReplayOptions = ReplayOptions(),
                    requests_file: Path | None = None, on_phase: OnPhase = lambda _: None,
                    on_step: Callable[[Outcome], bool] = lambda _: False,
-                   on_result: OnResult | None = None) -> Outcome:
-    """Start the engine with ``args`` (its flags checked first), step the load, stop it."""
+                   on_result: OnResult | None = None, cut_lost_steps: bool = False) -> Outcome:
+    """Start the engine with ``args`` (its flags checked first), step the load, stop it.
+
+    ``cut_lost_steps``: stop a load step as soon as it cannot pass any more (a failed request, a TTFT or E2E SLO
+    missed whatever the rest does: metrics.lost_already), for a search that only needs to know it failed; the
+    step's numbers are then those of its requests so far, and ``Step.cut`` says why."""
     t0 = time.monotonic()
     spec = command.launch_spec(args, table, log_dir, startup_timeout)
     out = Outcome(url=spec.url, argv=spec.argv, env=args.redacted().env, started_at=time.time())
@@ -231,7 +236,8 @@ def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
             out.engine_failed_after_s = engine.failed_after_s or 0.0  # the engine's own time to fail
             return out
         out.engine_ready_s = engine.ready_s or 0.0
-        _run_steps(out, lambda w, o: replay_on(engine, w, o, on_result), workload_at, slos, profile, replay,
+        give_up = (lambda results, total, now: lost_already(slos, results, total, now)) if cut_lost_steps else None
+        _run_steps(out, lambda w, o: replay_on(engine, w, o, on_result, give_up), workload_at, slos, profile, replay,
                    on_phase, on_step)
         return out
     finally:

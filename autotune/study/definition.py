@@ -41,6 +41,7 @@ class Objective:
     step_seconds: float | None = None  # how long each load step offers its load (default: the workload's span)
     race: bool = True  # a sampled trial starts at the incumbent's capacity and stops if it misses there
     simulate_first: bool = True  # score the space with vllm-sim first, where it models the GPU and the model
+    cut_lost_steps: bool = True  # stop a load step once it cannot pass (its first requests are then all it measured)
 
     def scoring(self) -> Scoring:
         return scoring_for(self.kind, self.start_load, self.max_steps, self.resolution)
@@ -185,7 +186,8 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
                           resolution=obj.number("resolution", 1.25, above=1),
                           step_seconds=obj.duration("step_duration", None, above=0),
                           race=obj.boolean("race", True),
-                          simulate_first=obj.boolean("simulate_first", True))
+                          simulate_first=obj.boolean("simulate_first", True),
+                          cut_lost_steps=obj.boolean("cut_lost_steps", True))
     obj.done()
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")

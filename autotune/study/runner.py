@@ -522,6 +522,10 @@ class StudyRun:
 
         def on_step(out: Outcome) -> bool:
             self._record_steps(trial, out)
+            last = out.steps[-1]
+            if last.cut:
+                self.show(f"trial {trial.number}: the step at {last.rate:.2f} req/s stopped after "
+                          f"{len(last.results)} requests: {last.cut}")
             if not self.scoring.prunable or trial.user_attrs.get(Attr.BASELINE):
                 return False  # baselines are measured in full: every result is shown as a gain over them
             trial.report(out.capacity_rps, len(out.steps) - 1)
@@ -545,6 +549,7 @@ class StudyRun:
             log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, replay=ReplayOptions(),
             requests_file=log_dir / "requests.jsonl",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
+            cut_lost_steps=self._cut_lost_steps,
         )
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         self._record_timing(trial, out, time.monotonic() - t0)
@@ -722,6 +727,13 @@ class StudyRun:
         trial.set_user_attr(Attr.CONSTRAINTS, [NO_MEASUREMENT] * max(len(self.d.slos), 1))
         trial.set_user_attr(Attr.CAPACITY_RPS, 0.0)
 
+    @property
+    def _cut_lost_steps(self) -> bool:
+        """Stop a load step once it cannot pass (measure_engine): its failure is all a capacity search needs. Not
+        where the study says so, nor where the simulator refits to this study's steps: a cut step's numbers (its
+        first requests only) are left out of a fit, and the saturated steps are what a fit learns capacity from."""
+        return self.d.objective.cut_lost_steps and self.refit is None
+
     def _record_timing(self, trial: optuna.Trial, out: Outcome, wall: float) -> None:
         trial.set_user_attr(Attr.ENGINE_START_S, out.engine_start_s)
         trial.set_user_attr(Attr.ENGINE_STOP_S, out.engine_stop_s)
@@ -781,6 +793,7 @@ class StudyRun:
                     self.d.command, c.args, self.table, self.steps.at, self.d.slos, self.scoring.profile(),
                     log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, requests_file=log_dir / "requests.jsonl",
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
+                    cut_lost_steps=self._cut_lost_steps,
                 )
                 _raise_if_stopped()  # no verdict from an engine the stop killed
                 c.capacities.append(out.capacity_rps)
