@@ -83,3 +83,16 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_spread_of_th
     monkeypatch.setattr(d, "_publish", lambda values, source: None)
     d._finish_tuning(0)
     assert capsys.readouterr().out.splitlines() == [f"publishing: publishing trial 2 of prod-tune-001: {WHY}"]
+
+
+def test_tunings_total_is_rebuilt_from_the_state_after_a_restart(daemon_file):
+    cfg = load_daemon_config(daemon_file())
+    d = Daemon(cfg)
+    # two drift tunings this state counted by trigger, and one from before it did
+    d.state = d.store.save(DaemonState(tunings=3, tunings_by_trigger={"drift": 2}))
+    for daemon in (d, Daemon(cfg)):  # the running daemon, then a restarted one with fresh metrics
+        daemon.tick()
+        daemon.tick()  # counters only go up: a second tick adds nothing
+        sample = lambda trigger: daemon.metrics.registry.get_sample_value(  # noqa: E731
+            "autotune_tunings_total", {"trigger": trigger})
+        assert (sample("drift"), sample("unrecorded")) == (2.0, 1.0)

@@ -416,3 +416,16 @@ def test_steady_traffic_with_poisson_noise_has_no_change_point():
         counts = rng.poisson(10, size=20).tolist()  # 1 req/s in 10-s scrapes: its noise is no level change
         assert level_change(_arrivals(counts), 20) is None, counts
     assert level_change(_arrivals([10] * 19 + [13]), 10) is None  # too little after the split to say
+
+
+def test_a_percentile_is_called_a_breach_only_when_its_whole_bucket_misses():
+    # issue 30: 100 TPOTs between 25 and 50 ms (the clients measured about 33 ms): interpolation reads p95 48.75 ms
+    h = Histogram(((0.025, 0.0), (0.05, 100.0), (math.inf, 100.0)), 100.0, 3.3)
+    w = Window(0.0, 60.0, {"requests": 100.0}, {"tpot": h}, {})
+    (inside,), (below,), (above,) = (w.slo_compliance(parse_slos([t])) for t in ("tpot<50ms", "tpot<40ms",
+                                                                                  "tpot<20ms"))
+    assert inside.value == pytest.approx(0.04875) and inside.holds is True and inside.certain
+    # the target inside the bucket: the true p95 may be under it, so no false alarm, and it says why
+    assert below.holds is True and not below.certain and "lies in 25-50 ms, across the target" in below.note
+    # the whole bucket over the target: a breach for certain
+    assert above.holds is False and above.certain and above.note == ""

@@ -122,6 +122,11 @@ class DaemonMetrics:
         if production is not None:
             self.set_production(production.number, production.values)
 
+    def set_tunings(self, by_trigger: Mapping[str, int]) -> None:
+        """Tunings started, by trigger kind, as the daemon's state counts them: the same after a restart."""
+        for trigger, n in by_trigger.items():
+            self._count(f"tunings:{trigger}", n, self.tunings.labels(trigger))
+
     def _count(self, key: str, total: float, counter: Any) -> None:
         new = total - self._counted.get(key, 0.0)
         if new > 0:

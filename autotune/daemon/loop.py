@@ -184,6 +184,7 @@ class Daemon:
         entries = self._entries()  # once per tick, after the phase's own step: what it settled counts now
         self._after_publishes(entries)
         self.metrics.set_phase(self.state.phase.value)
+        self.metrics.set_tunings(self._tunings_by_trigger())
         self._history_metrics(entries)
         notify.status(f"{self.state.phase.value}: {self.state.note}"[:200])
 
@@ -332,8 +333,10 @@ class Daemon:
         path = self.root / "tunings" / f"{name}.toml"
         deployed = self.target.deployed()  # what the tuning's `production` baseline measures
         self._write_tuning_study(name, path, fp, deployed)
-        self.metrics.tunings.labels(trigger.split(":")[0].split(" ")[0]).inc()
+        kind = trigger.split(":")[0].split(" ")[0]
+        by_trigger = {**self.state.tunings_by_trigger, kind: self.state.tunings_by_trigger.get(kind, 0) + 1}
         self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
+                  tunings_by_trigger=by_trigger,
                   tuning_started=time.time(), trials_told=(),
                   note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
                        + _demand_note(fp),
@@ -631,6 +634,15 @@ class Daemon:
                          f"for `autotune publish --approve` again as entry {again.number}")
             return
         self._decide(Phase.WATCHING, note=said)
+
+    def _tunings_by_trigger(self) -> dict[str, int]:
+        """The state's count of tunings by trigger kind; those a state written before it was kept count as
+        "unrecorded", so the total is the state's ``tunings`` either way."""
+        counts = dict(self.state.tunings_by_trigger)
+        rest = self.state.tunings - sum(counts.values())
+        if rest > 0:
+            counts["unrecorded"] = counts.get("unrecorded", 0) + rest
+        return counts
 
     def _history_metrics(self, entries: list[Entry] | None = None) -> None:
         """Publish and rollback metrics from the history (``entries``: as this tick read it; None: read it now):

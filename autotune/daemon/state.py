@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class DaemonState:
     study_name: str | None = None  # the tuning's Optuna study (resumed after a restart)
     study_file: str | None = None
     tunings: int = 0
+    tunings_by_trigger: dict[str, int] = field(default_factory=dict)  # started tunings by trigger kind (the metric)
     tuning_started: float = 0.0  # wall clock when the current (or last) tuning started
     production_values: dict[str, Any] | None = None  # production's config when the tuning started: its baseline
     imitated: dict[str, Any] | None = None  # the fingerprint the current (or last) tuning's traffic imitates
