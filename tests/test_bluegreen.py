@@ -435,3 +435,36 @@ def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig,
         d._stop_child()
         d._pool.shutdown(wait=True)
         d.watcher.close()
+
+
+def test_a_crash_of_the_serving_color_is_one_journal_line_that_says_which(rig, tmp_path, tiny_model, capsys):
+    """kill -9 of the color users are served by: nginx answers 502, and the daemon's one line says the color
+    itself is down (not the proxy, not the network); another says when it serves again."""
+    from autotune.daemon.config import load_daemon_config
+    from autotune.daemon.loop import Daemon
+
+    target, nginx, desc = rig
+    config, _ = daemon_config(target, nginx, desc, tmp_path, example_study("sim-h100-8b-chat", tiny_model, tmp_path))
+    d = Daemon(load_daemon_config(config))
+    try:
+        d._resume()
+        d.tick()
+        capsys.readouterr()
+        blue = target.colors["blue"]
+        os.killpg(int((Path(desc["blue"]["state"]) / "pid").read_text()), signal.SIGKILL)  # a crash, not a stop
+        d.tick()
+        d.tick()  # said once per streak
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"autotune: cannot scrape production ({nginx.url}/metrics): HTTPStatusError: "
+                                   "Server error '502 Bad Gateway'"), lines
+        assert f"blue ({blue.url}), the color serving users, does not answer /health either" in lines[0], lines
+        subprocess.run(blue.server.restart, check=True)  # what vllm@blue's Restart=on-failure does
+        deadline = time.monotonic() + 30
+        while not color_serving(blue.url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        d.tick()
+        assert capsys.readouterr().err.splitlines() == [
+            f"autotune: scraping production works again ({nginx.url}/metrics) after 2 failed scrapes"]
+    finally:
+        d.watcher.close()

@@ -638,7 +638,7 @@ def test_publish_approve_no_wait_records_it_and_a_timeout_says_no_daemon_took_it
     entry(root, 1, "adopted", {"max_num_seqs": 2})
     entry(root, 2, "proposed", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
     code, out, err = cli(capsys, "publish", "--config", p, "--approve", "--no-wait")
-    assert code == 0 and "entry 2 approved; the daemon publishes it at its next tick" in out, (out, err)
+    assert code == 0 and "entry 2 approved; the daemon starts publishing it within one scrape interval (" in out, (out, err)
     assert StateStore(root).approval() == 2
     code, out, err = cli(capsys, "publish", "--config", p, "--approve", "--timeout", "0.3")
     assert code == 1 and "no daemon has taken the approval yet" in err[-1], err

@@ -281,8 +281,9 @@ def test_rollback_to_n_deploys_that_entry_and_records_it(tmp_path):
 
 
 class _Window:
-    def __init__(self, requests, dt, saturated=False):
+    def __init__(self, requests, dt, saturated=False, offered=False):
         self.requests, self.saturated, self.dt, self.request_rate = requests, saturated, dt, requests / dt
+        self.offered = offered  # the proxy's log counted users' requests
 
     def slo_compliance(self, slos):
         return []
@@ -315,9 +316,15 @@ def test_a_window_below_the_20_request_minimum_says_nothing_but_saturation(daemo
     assert (o.drift, o.breach, o.saturated) == expect and fingerprinted == []
 
 
-def test_a_window_of_20_requests_is_fingerprinted(daemon_file, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("window", [
+    lambda dt: _Window(20, dt),
+    # fewer finished, but the proxy counted what users sent to a saturated production: that is the demand to imitate
+    lambda dt: _Window(3, dt, saturated=True, offered=True),
+])
+def test_a_window_of_20_requests_or_of_a_saturated_production_the_proxy_counts_is_fingerprinted(  # noqa: F811
+        daemon_file, monkeypatch, window):
     d = loop.Daemon(load_daemon_config(daemon_file()))
-    monkeypatch.setattr(d, "watcher", _Watcher(_Window(20, d.cfg.window_s)))
+    monkeypatch.setattr(d, "watcher", _Watcher(window(d.cfg.window_s)))
     monkeypatch.setattr(d, "_scrape_news", lambda: None)
 
     class Reached(Exception):

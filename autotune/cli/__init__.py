@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--check", action="store_true",
                     help="check everything the daemon will need (production, its config and restart command, the "
                     "staging study, state and metrics), print one line per problem, run nothing")
-    for name, text in (("retune", "ask the running daemon to tune now (it starts at its next tick)"),
+    for name, text in (("retune", "ask the running daemon to tune now (it starts within one scrape interval)"),
                        ("status", "the daemon's state and its publish history"),
                        ("history", "the daemon's publish history: each entry, its changes, the proposal's diff"),
                        ("publish", "publish the daemon's waiting proposal (approval mode), or reject it"),

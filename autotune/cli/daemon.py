@@ -91,7 +91,7 @@ def _pending_why(cfg, st) -> str:
         return f"outside the tuning windows ({cfg.windows_text()}); it starts when one opens"
     if "full window of traffic" in st.note:
         return "waiting for a full window of production's traffic to imitate"
-    return "the daemon takes it at its next tick"
+    return f"the daemon takes it within one scrape interval ({cfg.scrape_interval_s:g} s)"
 
 
 def cmd_retune(a: argparse.Namespace) -> int:
@@ -158,8 +158,8 @@ def cmd_publish(a: argparse.Namespace) -> int:
         store.approve(proposal.number)
     n = proposal.number
     if a.no_wait:
-        print(f"autotune: entry {n} approved; the daemon publishes it at its next tick (autotune status shows "
-              "how it goes)")
+        print(f"autotune: entry {n} approved; the daemon starts publishing it within one scrape interval "
+              f"({cfg.scrape_interval_s:g} s; autotune status shows how it goes)")
         return EXIT_OK
     print(f"autotune: entry {n} approved; waiting for the daemon to publish it", file=sys.stderr, flush=True)
     wait = float(a.timeout or APPROVAL_WAIT_S)

@@ -40,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 from optuna.trial import TrialState
 
 from autotune.daemon import notify
@@ -293,8 +294,8 @@ class Daemon:
             self.metrics.scrape_errors.inc()
             self._failed_scrapes = w.consecutive_errors
             if w.consecutive_errors == 1:
-                _say(f"cannot scrape production ({where}): {w.last_error}; retrying every "
-                     f"{self.cfg.scrape_interval_s:g} s, quiet until it works again")
+                _say(f"cannot scrape production ({where}): {w.last_error}{self._serving_engine_down()}; retrying "
+                     f"every {self.cfg.scrape_interval_s:g} s, quiet until it works again")
             error = f"{where}: {w.last_error}"
             if not self.state.scrape_failing or self.state.scrape_error != error:
                 self._keep(scrape_error=error, scrape_error_at=time.time(), scrape_failing=True)
@@ -302,6 +303,23 @@ class Daemon:
             n, self._failed_scrapes = self._failed_scrapes, 0
             _say(f"scraping production works again ({where})" + (f" after {n} failed scrapes" if n else ""))
             self._keep(scrape_failing=False)
+
+    def _serving_engine_down(self) -> str:
+        """Behind a proxy: whether the color it serves through answers /health itself, said as part of the
+        scrape's journal line ("" when it does, or when production is no blue/green pair)."""
+        live = getattr(self.target, "live", None)
+        if live is None or self._job is not None:  # a publish in flight moves colors on purpose
+            return ""
+        try:
+            color = live()
+            httpx.get(f"{color.url}/health", timeout=2.0, trust_env=False).raise_for_status()
+        except AutotuneError:
+            return ""  # the proxy's file names no color: the publish commands say what to write
+        except httpx.HTTPError as e:
+            return (f"; {color.name} ({color.url}), the color serving users, does not answer /health either "
+                    f"({type(e).__name__}): its engine crashed or is restarting (vllm@.service's Restart=on-failure "
+                    "starts it again from its YAML)")
+        return ""
 
     def _watching(self, obs: Observation | None) -> None:
         now = time.time()

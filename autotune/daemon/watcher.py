@@ -58,7 +58,9 @@ class Watcher:
         except (httpx.HTTPError, ValueError, OSError) as e:
             self.errors += 1
             self.consecutive_errors += 1
-            self.last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            # one line: httpx adds "For more information check: ..." on a second line of its own
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.last_error = f"{type(e).__name__}: {text}" if text else type(e).__name__
             return None
         self.consecutive_errors = 0
         if self.arrivals is not None:
