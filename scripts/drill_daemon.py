@@ -48,7 +48,6 @@ sys.path.insert(0, str(ROOT))
 # the test rig: real nginx plus vllm-sim instances behind tests/fixtures/sim_service.py (systemctl's stand-in)
 from autotune.publish.history import Entry, History  # noqa: E402
 from tests import bluegreen_rig as rig  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
 
 PY = sys.executable
 BLUE = {"max_model_len": 8192, "max_num_seqs": 2, "gpu_memory_utilization": 0.9}
@@ -105,42 +104,54 @@ class Users:
 
     url: str
     rate: float
-    log: list[tuple[float, float, bool]] = field(default_factory=list)
+    log: list[tuple[float, float, str]] = field(default_factory=list)  # (sent, ended, why it failed or "")
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="user")
         self._client = httpx.Client(timeout=20, limits=httpx.Limits(max_connections=256), trust_env=False)
         self._lock = threading.Lock()
+        self._in_flight: set[float] = set()  # when each request still running was sent
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _one(self) -> None:
-        t0 = time.time()
+    def _one(self, t0: float) -> None:
         try:
             with self._client.stream("POST", f"{self.url}/v1/completions", json={
                     "model": "llama-3.1-8b", "prompt": "hello " * 40, "max_tokens": 8, "ignore_eos": True,
                     "stream": True}) as r:
                 body = "".join(r.iter_text())
-                ok = r.status_code == 200 and "[DONE]" in body
-        except httpx.HTTPError:
-            ok = False
+                why = "" if r.status_code == 200 and "[DONE]" in body else f"HTTP {r.status_code}: {body[:80]}"
+        except httpx.HTTPError as e:
+            why = f"{type(e).__name__}: {e}"[:120]
         with self._lock:
-            self.log.append((t0, time.time(), ok))
+            self.log.append((t0, time.time(), why))
+            self._in_flight.discard(t0)
 
     def _run(self) -> None:
         t, sent = time.monotonic(), 0
         while not self._stop.is_set():
             sent += 1
-            self._pool.submit(self._one)
+            t0 = time.time()
+            with self._lock:
+                self._in_flight.add(t0)
+            self._pool.submit(self._one, t0)
             t += 1.0 / self.rate  # a new rate applies from the next request on
             self._stop.wait(max(t - time.monotonic(), 0))
 
-    def failed(self, t0: float, t1: float) -> tuple[int, int]:
-        """(failed, sent) among the requests sent between t0 and t1 (wall clock)."""
+    def failed(self, t0: float, t1: float) -> tuple[int, int, str]:
+        """(failed, sent, the first failure's error) among the requests sent between t0 and t1 (wall clock), once
+        all of them have ended (the client's timeout at most)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(t0 <= t <= t1 for t in self._in_flight):
+                    break
+            time.sleep(0.1)
         with self._lock:
-            seen = [ok for sent, _, ok in self.log if t0 <= sent <= t1]
-        return sum(not ok for ok in seen), len(seen)
+            seen = [why for sent, _, why in self.log if t0 <= sent <= t1]
+        errors = [why for why in seen if why]
+        return len(errors), len(seen), errors[0] if errors else ""
 
     def close(self) -> None:
         self._stop.set()
@@ -151,6 +162,8 @@ class Users:
 
 @dataclass
 class Row:
+    started: float  # wall clock
+    ended: float
     scenario: str
     failed: int
     sent: int
@@ -218,6 +231,12 @@ class Drill:
     def close(self) -> None:
         if self.users is not None:
             self.users.close()
+            with open(self.root / "users.jsonl", "w") as f:  # every request: when it left and ended, why it failed
+                for sent, ended, why in sorted(self.users.log):
+                    f.write(json.dumps({"sent": sent, "ended": ended, "error": why}) + "\n")
+            with open(self.root / "scenarios.jsonl", "w") as f:
+                for r in self.rows:
+                    f.write(json.dumps(vars(r)) + "\n")
         if self.daemon is not None and self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
@@ -274,10 +293,11 @@ class Drill:
         except RuntimeError as e:
             decided, check, ok = "", f"did not happen: {e}", False
         time.sleep(1.0)  # requests sent just before the end finish
-        failed, sent = self.users.failed(t0, time.time())
+        failed, sent, first = self.users.failed(t0, time.time())
         if not may_fail_requests and failed:
             ok = False
-        self.rows.append(Row(name, failed, sent, decided, check, ok))
+            check += f"; first failed request: {first}"
+        self.rows.append(Row(t0, time.time(), name, failed, sent, decided, check, ok))
         print(f"drill: {name}: {'ok' if ok else 'FAILED'}: {check}", file=sys.stderr, flush=True)
 
     def steady(self) -> tuple[str, str, bool]:
@@ -336,10 +356,22 @@ class Drill:
         met = re.findall(r'autotune_production_slo_met\{slo="([^"]+)"\}', text)
         return self._said(), f"slo_met gauges: {sorted(set(met))}", set(met) == {"p95:ttft<3s"}
 
-    def kill_9_at(self, step: str) -> Callable[[], tuple[str, str, bool]]:
+    def surge_again(self) -> tuple[str, str, bool]:
+        """Users surge past the rolled-back config again and a person asks for a tuning: a new proposal."""
+        self.users.rate = SURGE
+        time.sleep(6)
+        r = self.cli("retune", "--reason", "drill: a second surge")
+        self.wait(lambda: self.phase() == "tuning", 60, "no tuning started")
+        self.users.rate = AFTER
+        self.wait(lambda: self.phase() == "awaiting_approval", 300, "no proposal")
+        number = [e for e in self.history() if e.outcome == "proposed"][-1].number
+        return self._said(), f"entry {number} proposed", r.returncode == 0
+
+    def kill_9_at(self, step: str, outcome: str) -> Callable[[], tuple[str, str, bool]]:
+        """Approve the proposal, kill -9 the daemon once the publish reaches ``step``, start it again: it settles
+        the publish to ``outcome`` with one color serving."""
         def run() -> tuple[str, str, bool]:
-            r = self.cli("retune", "--reason", f"drill: kill -9 at {step}")
-            self.wait(lambda: self.phase() == "awaiting_approval", 300, "no proposal")
+            self.wait(lambda: self.phase() == "awaiting_approval", 60, "no proposal to approve")
             number = [e for e in self.history() if e.outcome == "proposed"][-1].number
             self.cli("publish", "--approve", "--no-wait")
             self.wait(lambda: (self._entry(number).switch or {}).get("step") == step, 120,
@@ -352,8 +384,8 @@ class Drill:
             time.sleep(2)
             serving = [name for name, c in self.target.colors.items() if rig.color_serving(c.url)]
             said = said + " | " + self._said()
-            return said, f"entry {number}: {self._entry(number).outcome}; serving {serving}", \
-                r.returncode == 0 and len(serving) == 1
+            got = self._entry(number).outcome
+            return said, f"entry {number}: {got}; serving {serving}", got == outcome and len(serving) == 1
         return run
 
     def _entry(self, number: int) -> Entry:
@@ -366,7 +398,8 @@ class Drill:
         time.sleep(4)
         down = [x for x in self.journal() if "cannot scrape production" in x]
         subprocess.run(list(color.server.restart), check=True, capture_output=True)  # systemd's Restart=on-failure
-        self.wait(lambda: any("works again" in x for x in self.journal_peek()), 60, "scraping never worked again")
+        self.wait(lambda: any("scraping production works again" in x for x in self.journal_peek()), 60,
+                  "scraping never worked again")
         self._said()
         return (" | ".join(down), f"{len(down)} journal line(s) while it was down",
                 len(down) == 1 and f"{color.name} (" in down[0] and "does not answer /health" in down[0])
@@ -398,13 +431,24 @@ class Drill:
             self.scenario("approve the proposal", self.approve)
             self.scenario("roll back by hand", self.rollback)
             self.scenario("reload with a new SLO", self.reload)
-            self.scenario("kill -9 during the canary", self.kill_9_at("canary"))
-            self.scenario("kill -9 after the switch", self.kill_9_at("verifying"))
+            self.scenario("a second surge, a new proposal", self.surge_again, may_fail_requests=True)
+            # cut before users saw it: rolled back, and proposed again for a person to approve again
+            self.scenario("kill -9 during the canary", self.kill_9_at("canary", "rolled-back"))
+            self.scenario("kill -9 after the switch", self.kill_9_at("verifying", "published"))
         if self.daemon is None or self.daemon.poll() is not None:
             self.start_daemon()
         self.scenario("crash of the serving color", self.crash_serving_color, may_fail_requests=True)
         self.scenario("a proxy config nginx rejects", self.broken_proxy)
         return 0 if all(r.ok for r in self.rows) else 1
+
+
+def free_port() -> int:
+    """A port the kernel just had free (the ephemeral range: apart from the test suite's blocks, tests/conftest.py)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _port_free(port: int) -> bool:

@@ -406,7 +406,10 @@ class Daemon:
             self._pause_for_rollback(self.store.rollback_request())
             return
         if self._child is None:
-            self._spawn()  # the daemon restarted mid-tuning (or a pause ended): the study resumes from its storage
+            # the daemon restarted mid-tuning (or a pause ended): the study resumes from its storage
+            told = len(self.state.trials_told)
+            _say(f"resuming tuning {self.state.study_name} ({told} trial{'s' if told != 1 else ''} finished before)")
+            self._spawn()
             return
         self._update_trials()
         rc = self._child.poll()

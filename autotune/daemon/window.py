@@ -131,16 +131,18 @@ class Window:
 
     @property
     def arrivals(self) -> int:
-        """Requests that arrived in the window. Where the proxy's log is read: every user's request it logged,
-        served or not. Otherwise those that finished, plus the growth of what is still in the engine. vLLM
-        counts no aborted request in ``request_success_total`` (vllm-project/vllm#31503, #55634), so under
-        saturation, when clients give up while they wait, what finished is what the engine could serve, not
-        what users sent; the backlog's growth is the part of demand /metrics still shows. Requests abandoned
-        in the queue stay invisible: without the proxy's log, under saturation, this is a lower bound."""
-        if self.proxy_arrived is not None:
-            return self.proxy_arrived
+        """Requests that arrived in the window: those that ended, plus the growth of what is still in the engine
+        (what arrives either ends or is still there).
+
+        Where the proxy's log is read, "ended" is every user's request it logged: served, failed, or given up,
+        which vLLM aborts and counts nowhere. Otherwise it is what finished, as vLLM counts it: no aborted
+        request is in ``request_success_total`` (vllm-project/vllm#31503, #55634), so under saturation, when
+        clients give up while they wait, what finished is what the engine could serve, not what users sent;
+        requests abandoned in the queue stay invisible, and this is a lower bound. The backlog's growth counts
+        the requests of a surge still queued: the proxy logs a request only when it ends."""
+        ended = self.proxy_arrived if self.proxy_arrived is not None else self.requests
         growth = self.backlog_growth
-        return max(self.requests + round(growth), 0) if growth is not None else self.requests
+        return max(ended + round(growth), 0) if growth is not None else ended
 
     @property
     def arrival_rate(self) -> float | None:
