@@ -152,3 +152,18 @@ def test_a_tie_goes_to_the_baseline():
     v = judge([_cand("trial 4", [10.0, 10.0], 4), _cand("trial 6", [10.0, 10.0], 6),
                _cand("baseline vllm-defaults", [10.0, 10.0])])
     assert v.winner == "baseline vllm-defaults" and v.gain_rps == 0.0 and not v.significant
+
+
+@pytest.mark.parametrize(("kind", "objective", "cut"), [
+    ("capacity", "", True),
+    ("capacity", "cut_lost_steps = false", False),  # a study meant for `autotune calibrate`
+    ("pareto", "", False),  # its values are the step's throughput and p95 TTFT: a cut step would truncate them
+])
+def test_a_lost_step_is_cut_only_where_pass_or_fail_is_all_the_study_reads(tmp_path, tiny_model, kind, objective, cut):
+    p = tmp_path / "s.toml"
+    p.write_text(STUDY.format(tmp=tmp_path, model=tiny_model) + f'\n[objective]\nkind = "{kind}"\n{objective}\n')
+    d = load_study(p)
+    run = StudyRun(d, bundled_table("0.32"), LoadSteps(d.workload))
+    assert run._cut_lost_steps is cut
+    run.refit = lambda study: None  # the simulator refits to every measured step: none may be cut
+    assert run._cut_lost_steps is False

@@ -730,9 +730,10 @@ class StudyRun:
     @property
     def _cut_lost_steps(self) -> bool:
         """Stop a load step once it cannot pass (measure_engine): its failure is all a capacity search needs. Not
-        where the study says so, nor where the simulator refits to this study's steps: a cut step's numbers (its
-        first requests only) are left out of a fit, and the saturated steps are what a fit learns capacity from."""
-        return self.d.objective.cut_lost_steps and self.refit is None
+        where the study says so, nor where the objective reads the step's numbers (pareto), nor where the
+        simulator refits to this study's steps: a cut step's numbers are its first requests only, left out of a
+        fit, and the saturated steps are what a fit learns capacity from."""
+        return self.d.objective.cut_lost_steps and self.scoring.cuts_lost_steps and self.refit is None
 
     def _record_timing(self, trial: optuna.Trial, out: Outcome, wall: float) -> None:
         trial.set_user_attr(Attr.ENGINE_START_S, out.engine_start_s)

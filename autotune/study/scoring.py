@@ -24,6 +24,7 @@ class Scoring:
     directions: tuple[str, ...] = ("maximize",)
     prunable = True  # may Optuna's pruner stop a trial between load steps?
     remeasured = True  # is there one winner to re-measure?
+    cuts_lost_steps = True  # is a step's pass or fail all its value needs (so a lost step may stop early)?
 
     def __init__(self, start_load: float = 1.0, max_steps: int = 4, resolution: float = 1.25) -> None:
         self.start_load, self.max_steps, self.resolution = start_load, max_steps, resolution
@@ -45,6 +46,7 @@ class Pareto(Scoring):
     directions = ("maximize", "minimize")
     prunable = False
     remeasured = False
+    cuts_lost_steps = False  # its values are the step's throughput and p95 TTFT, which a cut step would truncate
 
     def profile(self) -> LoadProfile:
         return Ladder(self.start_load, 1, self.resolution)
