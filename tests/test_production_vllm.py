@@ -42,7 +42,7 @@ from autotune.publish.target import create_target
 from autotune.workload.trace import Request, Workload
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.alone]  # a queue and a slot count read from real timings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESTART = ROOT / "scripts" / "restart_vllm.sh"

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tests.conftest import free_port, stop_group
 
 # the study below runs six or seven engine starts; on a busy 2-core host that can take longer than the default 600 s
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.engine, pytest.mark.alone, pytest.mark.timeout(1800)]
 
 STUDY = """
 name = "tiny-real"
