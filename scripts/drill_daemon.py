@@ -48,55 +48,11 @@ sys.path.insert(0, str(ROOT))
 # the test rig: real nginx plus vllm-sim instances behind tests/fixtures/sim_service.py (systemctl's stand-in)
 from autotune.publish.history import Entry, History  # noqa: E402
 from tests import bluegreen_rig as rig  # noqa: E402
+from tests.test_daemon import STAGING  # noqa: E402  (the daemon tests' staging study: vllm-sim, 3 trials)
 
 PY = sys.executable
 BLUE = {"max_model_len": 8192, "max_num_seqs": 2, "gpu_memory_utilization": 0.9}
 STEADY, SURGE, AFTER = 2.0, 12.0, 3.0  # users' request rates: before, during and after the surge
-
-STAGING = """
-name = "staging"
-slos = ["ttft<500ms"]
-seed = 0
-storage = "sqlite:///{root}/studies.db"
-runs_dir = "{root}/runs"
-
-[engine]
-command = "{python} -m autotune.sim.cli --gpu a10-24gb --time-scale 0.01 serve"
-model = "llama-3.1-8b"
-port = {port}
-startup_timeout = "60s"
-
-[engine.gpu]
-name = "NVIDIA A10"
-memory = "23028MiB"
-
-[engine.args]
-max_model_len = 8192
-tokenizer = "{tokenizer}"
-
-[space]
-max_num_seqs = {{ type = "int", low = 2, high = 64, log = true, default = 64 }}
-
-[workload]
-scenario = "high-concurrency"
-rate = 4
-tokenizer = "{tokenizer}"
-
-[objective]
-max_steps = 2
-step_duration = "2s"
-
-[budget]
-trials = 3
-
-[baselines]
-builtin = ["vllm-defaults"]
-
-[remeasure]
-top = 1
-repeats = 1
-"""
-
 
 @dataclass
 class Users:
@@ -197,7 +153,7 @@ class Drill:
         self.nginx.upstream_file.write_text(f"server {self.target.colors['blue'].backend} max_fails=0;\n")
         self.nginx.start()
         (self.root / "staging.toml").write_text(STAGING.format(root=self.root, python=PY, port=self.staging_port,
-                                                               tokenizer=self.tokenizer))
+                                                               model=self.tokenizer))
         self.write_config(slo="ttft<2s")
         self.users = Users(self.nginx.url, STEADY)
         self.start_daemon()
