@@ -54,6 +54,7 @@ PY = sys.executable
 BLUE = {"max_model_len": 8192, "max_num_seqs": 2, "gpu_memory_utilization": 0.9}
 STEADY, SURGE, AFTER = 2.0, 12.0, 3.0  # users' request rates: before, during and after the surge
 
+
 @dataclass
 class Users:
     """An open loop of short completions through the proxy; every request's (sent, ended, ok) is kept."""
