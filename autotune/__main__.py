@@ -1,3 +1,5 @@
-from autotune.cli import main
 import sys
+
+from autotune.cli import main
+
 sys.exit(main())

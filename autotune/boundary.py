@@ -59,6 +59,7 @@ def _library(module: str, name: str) -> Match:
 
 def _from(cls: type[BaseException], package: str) -> Match:
     """An exception of ``cls`` raised by the code of ``package`` (the innermost frame of its traceback)."""
+
     def match(e: Exception) -> bool:
         tb = e.__traceback__
         while tb is not None and tb.tb_next is not None:
@@ -104,31 +105,61 @@ def _os(e: OSError) -> str:
 
 # most specific first: the first match says it
 _MAP: tuple[tuple[Match, Callable[[Any], str]], ...] = (
-    (_kind(UnicodeDecodeError), lambda e: f"a file is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at "
-                                          f"offset {e.start}); save it as UTF-8"),
-    (_kind(json.JSONDecodeError), lambda e: f"a JSON file does not parse ({e.msg} at line {e.lineno}); "
-                                            "fix it or write it anew"),
-    (_library("sqlalchemy.exc", "NoSuchModuleError"),
-     lambda e: f"the storage URL names a database sqlalchemy has no dialect for ({e}); "
-               "use sqlite:///FILE or postgresql://USER@HOST/DB"),
-    (_library("sqlalchemy.exc", "ArgumentError"),
-     lambda e: f"the storage URL does not parse ({e}); write e.g. sqlite:///runs/studies.db"),
-    (_from(ImportError, "optuna.storages"),
-     lambda e: f"the storage URL's database driver is not installed ({e.__cause__ or e}); install it "
-               "(PostgreSQL: pip install 'autotune[postgres]') or use sqlite:///FILE"),
-    (_library("sqlalchemy.exc", "OperationalError"),
-     lambda e: f"cannot open the study storage ({_orig(e)}); for sqlite:///PATH the directory of PATH must "
-               "exist, for a server it must be up and the URL's user allowed in"),
-    (_library("sqlalchemy.exc", "DatabaseError"),
-     lambda e: f"the study storage refused ({_orig(e)}); is the URL a study database?"),
-    (_from(KeyError, "optuna.storages"),
-     lambda e: f"the study is not in its storage ({e.args[0] if e.args else 'not found'}): run "
-               "`autotune study FILE` to make it, or name another with --study-name"),
+    (
+        _kind(UnicodeDecodeError),
+        lambda e: (
+            f"a file is not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); save it as UTF-8"
+        ),
+    ),
+    (
+        _kind(json.JSONDecodeError),
+        lambda e: f"a JSON file does not parse ({e.msg} at line {e.lineno}); fix it or write it anew",
+    ),
+    (
+        _library("sqlalchemy.exc", "NoSuchModuleError"),
+        lambda e: (
+            f"the storage URL names a database sqlalchemy has no dialect for ({e}); "
+            "use sqlite:///FILE or postgresql://USER@HOST/DB"
+        ),
+    ),
+    (
+        _library("sqlalchemy.exc", "ArgumentError"),
+        lambda e: f"the storage URL does not parse ({e}); write e.g. sqlite:///runs/studies.db",
+    ),
+    (
+        _from(ImportError, "optuna.storages"),
+        lambda e: (
+            f"the storage URL's database driver is not installed ({e.__cause__ or e}); install it "
+            "(PostgreSQL: pip install 'autotune[postgres]') or use sqlite:///FILE"
+        ),
+    ),
+    (
+        _library("sqlalchemy.exc", "OperationalError"),
+        lambda e: (
+            f"cannot open the study storage ({_orig(e)}); for sqlite:///PATH the directory of PATH must "
+            "exist, for a server it must be up and the URL's user allowed in"
+        ),
+    ),
+    (
+        _library("sqlalchemy.exc", "DatabaseError"),
+        lambda e: f"the study storage refused ({_orig(e)}); is the URL a study database?",
+    ),
+    (
+        _from(KeyError, "optuna.storages"),
+        lambda e: (
+            f"the study is not in its storage ({e.args[0] if e.args else 'not found'}): run "
+            "`autotune study FILE` to make it, or name another with --study-name"
+        ),
+    ),
     (_library("yaml", "YAMLError"), _yaml),
-    (_from(ValueError, "shlex"),
-     lambda e: f"a command line does not split like a shell's ({e}): close the quote, or escape it with a backslash"),
-    (_from(OSError, "subprocess"),
-     lambda e: f"cannot run {e.filename}: {_reason(e).lower()}; install it, or give its full path"),
+    (
+        _from(ValueError, "shlex"),
+        lambda e: f"a command line does not split like a shell's ({e}): close the quote, or escape it with a backslash",
+    ),
+    (
+        _from(OSError, "subprocess"),
+        lambda e: f"cannot run {e.filename}: {_reason(e).lower()}; install it, or give its full path",
+    ),
     (_kind(OSError), _os),
 )
 

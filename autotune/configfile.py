@@ -75,7 +75,7 @@ def _is_number(v: Any) -> bool:
 
 
 def _range(at_least: float | None, above: float | None, at_most: float | None, unit: str = "") -> str:
-    """" from 1 to 65535", " > 0", " >= 1s": the bounds a value must keep, as a message says them."""
+    """ " from 1 to 65535", " > 0", " >= 1s": the bounds a value must keep, as a message says them."""
     if at_least is not None and at_most is not None:
         return f" from {at_least:g}{unit} to {at_most:g}{unit}"
     parts = [f"{op} {x:g}{unit}" for op, x in ((">=", at_least), (">", above), ("<=", at_most)) if x is not None]
@@ -83,8 +83,7 @@ def _range(at_least: float | None, above: float | None, at_most: float | None, u
 
 
 def _within(v: float, at_least: float | None, above: float | None, at_most: float | None) -> bool:
-    return ((at_least is None or v >= at_least) and (above is None or v > above)
-            and (at_most is None or v <= at_most))
+    return (at_least is None or v >= at_least) and (above is None or v > above) and (at_most is None or v <= at_most)
 
 
 class Table:
@@ -158,15 +157,23 @@ class Table:
             raise self.wrong(key, "true or false")
         return v
 
-    def integer(self, key: str, default: Any = REQUIRED, *, at_least: int | None = None,
-                at_most: int | None = None) -> Any:
+    def integer(
+        self, key: str, default: Any = REQUIRED, *, at_least: int | None = None, at_most: int | None = None
+    ) -> Any:
         given, v = self._take(key, default)
         if given and not (_is_int(v) and _within(v, at_least, None, at_most)):
             raise self.wrong(key, "an integer" + _range(at_least, None, at_most))
         return v
 
-    def number(self, key: str, default: Any = REQUIRED, *, at_least: float | None = None, above: float | None = None,
-               at_most: float | None = None) -> Any:
+    def number(
+        self,
+        key: str,
+        default: Any = REQUIRED,
+        *,
+        at_least: float | None = None,
+        above: float | None = None,
+        at_most: float | None = None,
+    ) -> Any:
         """An integer or a float, as a float."""
         given, v = self._take(key, default)
         if given and not (_is_number(v) and _within(v, at_least, above, at_most)):
@@ -179,8 +186,15 @@ class Table:
             raise self.wrong(key, "a list of strings")
         return list(v) if given else v
 
-    def duration(self, key: str, default: Any = REQUIRED, *, at_least: float | None = None,
-                 above: float | None = None, days: bool = False) -> Any:
+    def duration(
+        self,
+        key: str,
+        default: Any = REQUIRED,
+        *,
+        at_least: float | None = None,
+        above: float | None = None,
+        days: bool = False,
+    ) -> Any:
         """Seconds, from "90s", "30m", "2h" (and "7d" with ``days``) or a number of seconds."""
         given, v = self._take(key, default)
         if not given:
@@ -215,8 +229,9 @@ class Table:
         """A ConfigError naming every key outside ``keys``."""
         extra = set(self.data) - set(keys)
         if extra:
-            raise ConfigError(f"{self.where}: unknown key(s) {', '.join(sorted(extra))}"
-                              + (f"; {self.see}" if self.see else ""))
+            raise ConfigError(
+                f"{self.where}: unknown key(s) {', '.join(sorted(extra))}" + (f"; {self.see}" if self.see else "")
+            )
 
     def done(self) -> None:
         """A ConfigError naming every key that no method above has read."""

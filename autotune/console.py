@@ -36,15 +36,31 @@ def print_result(result: Outcome) -> None:
 
 def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
     """The same trial for machines (``autotune study --json``): one JSON object per line."""
-    return {"event": "trial", "number": r.number, "label": r.label, "chosen_because": r.chosen_because,
-            "state": r.state.name.lower(), "params": r.params, "config": r.config, "feasible": r.feasible,
-            "capacity_rps": r.capacity_rps, "capacity_output_tok_s": r.capacity_output_tok_s,
-            "failure_class": r.failure_class, "failure": r.failure or None, "wall_s": r.wall_s, "race": r.race,
-            "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
-            "capacity_at_least": r.capacity_at_least,
-            "gain": (r.capacity_rps / reference.capacity_rps - 1)
-            if reference is not None and not same_trial(r, reference)
-            and reference.capacity_rps > 0 and not reference.capacity_at_least and r.feasible else None}
+    return {
+        "event": "trial",
+        "number": r.number,
+        "label": r.label,
+        "chosen_because": r.chosen_because,
+        "state": r.state.name.lower(),
+        "params": r.params,
+        "config": r.config,
+        "feasible": r.feasible,
+        "capacity_rps": r.capacity_rps,
+        "capacity_output_tok_s": r.capacity_output_tok_s,
+        "failure_class": r.failure_class,
+        "failure": r.failure or None,
+        "wall_s": r.wall_s,
+        "race": r.race,
+        "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
+        "capacity_at_least": r.capacity_at_least,
+        "gain": (r.capacity_rps / reference.capacity_rps - 1)
+        if reference is not None
+        and not same_trial(r, reference)
+        and reference.capacity_rps > 0
+        and not reference.capacity_at_least
+        and r.feasible
+        else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,9 @@ class StudyView:
     else there. Optuna's own log lines go to the study's log file, never to the console.
     """
 
-    def __init__(self, name: str, budget: int | None, log_file: Path, *, gpu: bool = True,
-                 json_lines: bool = False) -> None:
+    def __init__(
+        self, name: str, budget: int | None, log_file: Path, *, gpu: bool = True, json_lines: bool = False
+    ) -> None:
         self.name, self.budget, self.gpu, self.json_lines = name, budget, gpu, json_lines
         self.log_file = log_file
         self.phase = "starting"
@@ -151,8 +168,9 @@ class StudyView:
         from rich.text import Text
 
         of = f" ({self.budget} trials)" if self.budget else ""
-        footer = Text.assemble((f"autotune study {self.name}{of}: ", "bold"), self.phase, "\n",
-                               (self.progress.text(), "dim"))
+        footer = Text.assemble(
+            (f"autotune study {self.name}{of}: ", "bold"), self.phase, "\n", (self.progress.text(), "dim")
+        )
         self._live.update(footer, refresh=True)
 
 
@@ -225,20 +243,33 @@ def print_comparison(rows, remeasure: Remeasurement | None) -> None:
         if best is not None and r is not rows[0] and not r.at_least:
             by = "≥" if best.at_least else ""
             gain = f"{by}{(best.capacity_rps / r.capacity_rps - 1) * 100:+.0f}%" if r.capacity_rps > 0 else "from 0"
-        t.add_row(r.label, str(r.trial), f"{'≥' if r.at_least else ''}{r.capacity_rps:.2f}", f"{r.output_tok_s:.1f}",
-                  "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.0f}", gain, r.state)
+        t.add_row(
+            r.label,
+            str(r.trial),
+            f"{'≥' if r.at_least else ''}{r.capacity_rps:.2f}",
+            f"{r.output_tok_s:.1f}",
+            "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.0f}",
+            gain,
+            r.state,
+        )
     out.print(t)
     if any(r.at_least for r in rows):
-        out.print("≥: every load the ladder offered held, so the capacity is at least this (a higher [objective] "
-                  "max_steps finds it); no gain is computed over it", markup=False, highlight=False)
+        out.print(
+            "≥: every load the ladder offered held, so the capacity is at least this (a higher [objective] "
+            "max_steps finds it); no gain is computed over it",
+            markup=False,
+            highlight=False,
+        )
     if remeasure:
         m = Table(title="re-measured, interleaved (capacity req/s)")
         for col in ("candidate", "runs", "median", "spread"):
             m.add_column(col)
         for c in remeasure.candidates:
             steps = c.get("runs") or []
-            runs = [f"{'≥' if i < len(steps) and held_every_load(steps[i]) else ''}{x:.2f}"
-                    for i, x in enumerate(c["capacities"])]
+            runs = [
+                f"{'≥' if i < len(steps) and held_every_load(steps[i]) else ''}{x:.2f}"
+                for i, x in enumerate(c["capacities"])
+            ]
             m.add_row(c["label"], ", ".join(runs), f"{c['median']:.2f}", f"{c['spread']:.2f}")
         out.print(m)
         out.print(remeasure.sentence())
@@ -278,10 +309,14 @@ def print_history(entries) -> None:
         if "rollback_to" in e.source:
             src = f"rollback to {e.source['rollback_to']}"
         before = good_before[e.number]
-        changes = "as found" if e.outcome == "adopted" or before is None else (
-            ", ".join(config_diff(before.values, e.values)) or "none")
-        t.add_row(str(e.number), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.time)), e.outcome, src, changes,
-                  e.reason)
+        changes = (
+            "as found"
+            if e.outcome == "adopted" or before is None
+            else (", ".join(config_diff(before.values, e.values)) or "none")
+        )
+        t.add_row(
+            str(e.number), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.time)), e.outcome, src, changes, e.reason
+        )
     _print_whole(t)
     proposal = next((e for e in reversed(entries) if e.outcome == "proposed"), None)
     if proposal is not None:

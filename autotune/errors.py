@@ -128,8 +128,9 @@ class UnmappableEngineArgError(ConfigError):
 
     def __init__(self, reasons: Mapping[str, str]) -> None:
         self.reasons = dict(reasons)
-        super().__init__("cannot publish through Xinference: "
-                         + "; ".join(f"{name}: {why}" for name, why in self.reasons.items()))
+        super().__init__(
+            "cannot publish through Xinference: " + "; ".join(f"{name}: {why}" for name, why in self.reasons.items())
+        )
 
 
 class IllegalTransition(AutotuneError):

@@ -45,6 +45,7 @@ def _whole_number(text: str, low: int, high: int | None = None) -> int | None:
 
 def _whole_numbers(low: int, high: int | None, what: str):
     """An argparse type: a whole number in a range; else a usage error saying what is expected."""
+
     def parse(text: str) -> int:
         n = _whole_number(text, low, high)
         if n is None:
@@ -94,9 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    b = sub.add_parser("bench", help="start vLLM with given args, replay a workload, judge the SLOs",
-                       description="Start the engine, warm up, replay the workload, stop the engine, judge the "
-                       "SLOs. Engine args follow '--', e.g. -- --max-num-seqs 64 --enable-chunked-prefill")
+    b = sub.add_parser(
+        "bench",
+        help="start vLLM with given args, replay a workload, judge the SLOs",
+        description="Start the engine, warm up, replay the workload, stop the engine, judge the "
+        "SLOs. Engine args follow '--', e.g. -- --max-num-seqs 64 --enable-chunked-prefill",
+    )
     b.add_argument("--model", required=True, help="model path or name, passed to the engine")
     b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
     b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
@@ -106,8 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
     b.add_argument("--vllm-version", help="flag table to check against when vLLM's parser cannot be run")
     b.add_argument("--allow-trust-remote-code", action="store_true")
-    b.add_argument("--engine-nice", type=int, default=0,
-                   help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client")
+    b.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client",
+    )
     _add_workload(b)
 
     from autotune.cli.calibrate import add_parser as add_calibrate
@@ -116,27 +124,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     add_calibrate(sub)
 
-    dm = sub.add_parser("daemon", help="watch production, re-tune on drift, publish safely (a systemd service)",
-                        description="Run the long-lived loop a daemon config defines (docs/daemon.md "
-                        "documents every key). --check checks what it needs and runs nothing; SIGHUP re-reads "
-                        "the config.")
+    dm = sub.add_parser(
+        "daemon",
+        help="watch production, re-tune on drift, publish safely (a systemd service)",
+        description="Run the long-lived loop a daemon config defines (docs/daemon.md "
+        "documents every key). --check checks what it needs and runs nothing; SIGHUP re-reads "
+        "the config.",
+    )
     dm.add_argument("--config", type=Path, required=True, help="daemon config, e.g. /etc/autotune/daemon.toml")
-    dm.add_argument("--check", action="store_true",
-                    help="check everything the daemon will need (production, its config and restart command, the "
-                    "staging study, state and metrics), print one line per problem, run nothing")
-    for name, text in (("retune", "ask the running daemon to tune now (it starts within one scrape interval)"),
-                       ("status", "the daemon's state and its publish history"),
-                       ("history", "the daemon's publish history: each entry, its changes, the proposal's diff"),
-                       ("publish", "publish the daemon's waiting proposal (approval mode), or reject it"),
-                       ("rollback", "put production back on an earlier good config, by hand")):
+    dm.add_argument(
+        "--check",
+        action="store_true",
+        help="check everything the daemon will need (production, its config and restart command, the "
+        "staging study, state and metrics), print one line per problem, run nothing",
+    )
+    for name, text in (
+        ("retune", "ask the running daemon to tune now (it starts within one scrape interval)"),
+        ("status", "the daemon's state and its publish history"),
+        ("history", "the daemon's publish history: each entry, its changes, the proposal's diff"),
+        ("publish", "publish the daemon's waiting proposal (approval mode), or reject it"),
+        ("rollback", "put production back on an earlier good config, by hand"),
+    ):
         q = sub.add_parser(name, help=text)
         q.add_argument("--config", type=Path, required=True, help="the daemon's config file")
         if name == "retune":
             q.add_argument("--reason", default="by hand")
         if name == "publish":
             g = q.add_mutually_exclusive_group(required=True)
-            g.add_argument("--approve", action="store_true",
-                           help="hand it to the daemon to deploy (canary, rollback on failure) and wait for the outcome")
+            g.add_argument(
+                "--approve",
+                action="store_true",
+                help="hand it to the daemon to deploy (canary, rollback on failure) and wait for the outcome",
+            )
             g.add_argument("--reject", action="store_true", help="drop it; production stays as it is")
             q.add_argument("--no-wait", action="store_true", help="return once the approval is recorded")
             q.add_argument("--timeout", type=float, help="seconds to wait for the outcome (default 1800)")
@@ -144,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--to", type=int, help="history entry to restore (default: the good one before)")
 
     cp = sub.add_parser("capture", help="a recording proxy: forward to production, write a trace of its traffic")
-    cp.add_argument("--listen", default="127.0.0.1:8001", help="HOST:PORT to accept clients on (default 127.0.0.1:8001)")
+    cp.add_argument(
+        "--listen", default="127.0.0.1:8001", help="HOST:PORT to accept clients on (default 127.0.0.1:8001)"
+    )
     cp.add_argument("--upstream", required=True, help="production's base URL, e.g. http://127.0.0.1:8000")
     cp.add_argument("--out", type=Path, required=True, help="trace file to append to (autotune JSONL)")
     cp.add_argument("--with-prompts", action="store_true", help="also record prompt text (off: token counts only)")
@@ -160,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _split_engine_args(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -179,9 +200,18 @@ def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
 
     overrides, fixed_out = length_flags(a.prompt_tokens, a.prefix_tokens, a.output_tokens, a.workload is not None)
     _check_replay_numbers(a)
-    return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
-                        burstiness=a.burstiness, seed=a.seed, overrides=overrides, api=a.api,
-                        output_tokens=fixed_out, tokenizer=tokenizer)
+    return WorkloadSpec(
+        trace=a.workload,
+        scenario=a.scenario,
+        rate=a.rate,
+        num_requests=a.requests,
+        burstiness=a.burstiness,
+        seed=a.seed,
+        overrides=overrides,
+        api=a.api,
+        output_tokens=fixed_out,
+        tokenizer=tokenizer,
+    )
 
 
 def _load_workload(spec):
@@ -191,7 +221,9 @@ def _load_workload(spec):
 
     workload = load(spec)
     if workload.skipped:
-        print(f"autotune: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})", file=sys.stderr)
+        print(
+            f"autotune: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})", file=sys.stderr
+        )
     return workload
 
 
@@ -212,8 +244,14 @@ def _check_replay_numbers(a: argparse.Namespace) -> None:
 def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: str | None = None):
     from autotune.measure.replay import ReplayOptions
 
-    return ReplayOptions(load=a.load, max_concurrency=a.max_concurrency, request_timeout_s=a.request_timeout,
-                         warmup_requests=a.warmup, model=model, api_key=api_key)
+    return ReplayOptions(
+        load=a.load,
+        max_concurrency=a.max_concurrency,
+        request_timeout_s=a.request_timeout,
+        warmup_requests=a.warmup,
+        model=model,
+        api_key=api_key,
+    )
 
 
 def _progress():
@@ -221,8 +259,15 @@ def _progress():
 
     from autotune.console import err
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err, transient=True, disable=not err.is_terminal)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
 
 
 def _finish(result, a: argparse.Namespace) -> int:
@@ -252,23 +297,38 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     from autotune.measure.slo import parse_slos
 
     slos = parse_slos(a.slo)
-    command = EngineCommand(model=a.model, command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
-                            host=a.host, port=a.port, allow_trust_remote_code=a.allow_trust_remote_code,
-                            nice=a.engine_nice)
+    command = EngineCommand(
+        model=a.model,
+        command=EngineCommand.parse_command(a.engine_cmd or default_engine_command()),
+        host=a.host,
+        port=a.port,
+        allow_trust_remote_code=a.allow_trust_remote_code,
+        nice=a.engine_nice,
+    )
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
     files = locate(a.model, args.values.get("revision"))  # where vLLM would find the model: its tokenizer too
     spec = _workload_spec(a, a.tokenizer or files.tokenizer)
-    spec = replace(spec, no_tokenizer=f"{files.found}: pass --tokenizer DIR (a directory with tokenizer.json), or "
-                                      f"put the model's config and tokenizer there with `{files.fetch_command()}`")
+    spec = replace(
+        spec,
+        no_tokenizer=f"{files.found}: pass --tokenizer DIR (a directory with tokenizer.json), or "
+        f"put the model's config and tokenizer there with `{files.fetch_command()}`",
+    )
     workload = _load_workload(spec)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does
     try:
         with _progress() as progress:
             task = progress.add_task("starting engine", total=len(workload))
             result = measure_engine(
-                command, args, table, lambda _: workload, slos, FixedLoad(), log_dir=a.log_dir,
-                startup_timeout=a.startup_timeout, replay=_replay_options(a),
+                command,
+                args,
+                table,
+                lambda _: workload,
+                slos,
+                FixedLoad(),
+                log_dir=a.log_dir,
+                startup_timeout=a.startup_timeout,
+                replay=_replay_options(a),
                 on_phase=lambda ph: progress.update(task, description=ph),
                 on_result=lambda _: progress.advance(task),
             )
@@ -292,8 +352,13 @@ def cmd_replay(a: argparse.Namespace) -> int:
     workload = _load_workload(_workload_spec(a, a.tokenizer))
     with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
-        result = measure_url(a.url.rstrip("/"), lambda _: workload, slos, _replay_options(a, a.model, a.api_key),
-                             on_result=lambda _: progress.advance(task))
+        result = measure_url(
+            a.url.rstrip("/"),
+            lambda _: workload,
+            slos,
+            _replay_options(a, a.model, a.api_key),
+            on_result=lambda _: progress.advance(task),
+        )
     return _finish(result, a)
 
 
@@ -332,11 +397,20 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_bench(a, engine_args)
             from autotune.cli import calibrate, daemon, study
 
-            handler = {"study": study.cmd_study, "init": study.cmd_init, "dashboard": study.cmd_dashboard,
-                       "report": study.cmd_report, "daemon": daemon.cmd_daemon, "retune": daemon.cmd_retune,
-                       "status": daemon.cmd_status, "publish": daemon.cmd_publish, "rollback": daemon.cmd_rollback,
-                       "history": daemon.cmd_history, "calibrate": calibrate.cmd_calibrate,
-                       "capture": cmd_capture}.get(a.command)
+            handler = {
+                "study": study.cmd_study,
+                "init": study.cmd_init,
+                "dashboard": study.cmd_dashboard,
+                "report": study.cmd_report,
+                "daemon": daemon.cmd_daemon,
+                "retune": daemon.cmd_retune,
+                "status": daemon.cmd_status,
+                "publish": daemon.cmd_publish,
+                "rollback": daemon.cmd_rollback,
+                "history": daemon.cmd_history,
+                "calibrate": calibrate.cmd_calibrate,
+                "capture": cmd_capture,
+            }.get(a.command)
             if handler is not None:
                 return handler(a)
             return cmd_replay(a)

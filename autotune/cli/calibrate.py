@@ -32,17 +32,22 @@ REFIT_STEPS = 12
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "calibrate", help="fit vllm-sim to a study's measured trials, so later studies here simulate first",
+        "calibrate",
+        help="fit vllm-sim to a study's measured trials, so later studies here simulate first",
         description="Fit vllm-sim's time constants (compute and bandwidth fractions, host overhead per step and "
         "per sequence, eager launches, the API server's floor and per-token cost) to every measured load step "
         "of a study's trials, and keep the fit for this host's GPU (or CPU) and the study's model. Later studies "
-        "with the same hardware and model rank their space with it before starting any engine.")
+        "with the same hardware and model rank their space with it before starting any engine.",
+    )
     p.add_argument("file", type=Path, help="the study definition the trials ran under")
     p.add_argument("--storage", help="Optuna storage URL (default: the study's)")
     p.add_argument("--study-name")
-    p.add_argument("--trials", dest="only", help="fit on these trial numbers only, e.g. 0,2,5 (default: every measured trial)")
-    p.add_argument("--evaluations", type=int, default=150,
-                   help="simulations of the whole set the fit may spend (default 150)")
+    p.add_argument(
+        "--trials", dest="only", help="fit on these trial numbers only, e.g. 0,2,5 (default: every measured trial)"
+    )
+    p.add_argument(
+        "--evaluations", type=int, default=150, help="simulations of the whole set the fit may spend (default 150)"
+    )
 
 
 def measured_steps(trials, only: set[int] | None = None) -> list:
@@ -81,16 +86,17 @@ def _profile_key(d, devices) -> str | None:
 def _inputs(d, steps=None):
     """(profile key, model shape, workload at a load) for the study ``d``, replaying ``steps`` (the study's load
     steps, where the caller has them: their workload is built once) or the study's workload."""
-    from autotune.workload.source import LoadSteps
-
     from autotune.sim.profiles import GPUS
     from autotune.study.runner import devices_of
+    from autotune.workload.source import LoadSteps
 
     devices = devices_of(d)
     key = _profile_key(d, devices)
     if key is None:
-        raise ConfigError(f"vllm-sim has no profile for the GPU {devices[0].name if devices else '(none seen)'}; "
-                          f"the ones it knows: {', '.join(g.name for g in GPUS.values() if g.platform == 'cuda')}")
+        raise ConfigError(
+            f"vllm-sim has no profile for the GPU {devices[0].name if devices else '(none seen)'}; "
+            f"the ones it knows: {', '.join(g.name for g in GPUS.values() if g.platform == 'cuda')}"
+        )
     shape = d.command.engine_kind.shape(d.command.model)
     if shape is None:
         raise ConfigError(f"cannot read the model's shape from {d.command.model} (its config.json): vllm-sim needs it")
@@ -98,8 +104,17 @@ def _inputs(d, steps=None):
     return key, shape, lambda load: steps.repeated(load, max_requests=MAX_REQUESTS)
 
 
-def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 150, warm: bool = True, steps=None,
-                good_enough: float = 0.0, latest: int | None = None):
+def recalibrate(
+    d,
+    study,
+    *,
+    only: set[int] | None = None,
+    evaluations: int = 150,
+    warm: bool = True,
+    steps=None,
+    good_enough: float = 0.0,
+    latest: int | None = None,
+):
     """Fit the study's profile to its measured trials (their ``latest`` measured steps, where given) and keep the
     fit; the Calibration, or None when the study measured fewer than MIN_TRIALS configs. ``steps``: the study's
     LoadSteps, where the caller has them."""
@@ -112,8 +127,17 @@ def recalibrate(d, study, *, only: set[int] | None = None, evaluations: int = 15
         return None
     steps = steps[-latest:] if latest else steps
     start = cal.load(state_dir(), profile, d.command.model) if warm else None
-    fitted = cal.calibrate(shape, profile, d.command.model, steps, workload_at, start=start,
-                           evaluations=evaluations, study=d.name, good_enough=good_enough)
+    fitted = cal.calibrate(
+        shape,
+        profile,
+        d.command.model,
+        steps,
+        workload_at,
+        start=start,
+        evaluations=evaluations,
+        study=d.name,
+        good_enough=good_enough,
+    )
     cal.save(fitted, state_dir())
     return fitted
 
@@ -139,10 +163,14 @@ def simulator_for(d, devices, shape, steps):
     gpu, front = (fit.gpu(), fit.front_end()) if fit else (GPUS[key], API_SERVER)
     # the step's requests are the base workload's, repeated (no prompt is built: only token counts matter to the
     # simulator), and 400 at most: a steady state in a fraction of a second of CPU per load
-    sim = SpaceSimulator(shape, gpu, lambda load: steps.repeated(load, max_requests=400), steps.base.rate, d.slos,
-                         front_end=front)
-    return sim, (f"vllm-sim's {key} profile, {fit.describe()}" if fit else f"vllm-sim's {key} profile (public "
-                 "figures; `autotune calibrate` fits it to this host)")
+    sim = SpaceSimulator(
+        shape, gpu, lambda load: steps.repeated(load, max_requests=400), steps.base.rate, d.slos, front_end=front
+    )
+    return sim, (
+        f"vllm-sim's {key} profile, {fit.describe()}"
+        if fit
+        else f"vllm-sim's {key} profile (public figures; `autotune calibrate` fits it to this host)"
+    )
 
 
 def refitter(d, run, steps, notice):
@@ -150,13 +178,16 @@ def refitter(d, run, steps, notice):
     every trial so far (from the last fit) and predict with the new fit from then on."""
 
     def refit(study) -> None:
-        fitted = recalibrate(d, study, evaluations=REFIT_EVALUATIONS, steps=steps, good_enough=REFIT_GOOD_ENOUGH,
-                             latest=REFIT_STEPS)
+        fitted = recalibrate(
+            d, study, evaluations=REFIT_EVALUATIONS, steps=steps, good_enough=REFIT_GOOD_ENOUGH, latest=REFIT_STEPS
+        )
         if fitted is None:
             return
         if fitted.loss_before <= REFIT_GOOD_ENOUGH:
-            notice(f"vllm-sim still fits this host's {fitted.steps} measured steps "
-                   f"(log error {fitted.loss_before:.3f}): no refit")
+            notice(
+                f"vllm-sim still fits this host's {fitted.steps} measured steps "
+                f"(log error {fitted.loss_before:.3f}): no refit"
+            )
             return
         sim, _ = simulator_for(d, run.devices, run.shape, steps)
         if sim is not None:
@@ -170,8 +201,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     import optuna
 
     from autotune.cli.study import _definition, _require_study
-    from autotune.sim.calibrate import FITTED, path_for
     from autotune.locations import state_dir
+    from autotune.sim.calibrate import FITTED, path_for
 
     if a.evaluations < 1:
         raise ConfigError("--evaluations must be at least 1")
@@ -187,13 +218,18 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     fitted = recalibrate(d, study, only=only, evaluations=a.evaluations, warm=False)
     if fitted is None:
         n = len({s.trial for s in measured_steps(study.get_trials(deepcopy=False), only)})
-        raise ConfigError(f"study {d.name} has {n} cleanly measured trial(s) to fit on; calibrating needs "
-                          f"{MIN_TRIALS} at least: run more trials (autotune study {a.file}), with "
-                          "[objective] cut_lost_steps = false where the study is meant for calibrating (a step "
-                          "stopped once it could not pass is left out of a fit)")
+        raise ConfigError(
+            f"study {d.name} has {n} cleanly measured trial(s) to fit on; calibrating needs "
+            f"{MIN_TRIALS} at least: run more trials (autotune study {a.file}), with "
+            "[objective] cut_lost_steps = false where the study is meant for calibrating (a step "
+            "stopped once it could not pass is left out of a fit)"
+        )
     print(f"{fitted.describe()}")
     for k in FITTED:
         print(f"  {k:22} {fitted.constants[k]:.4g}")
-    print(f"kept in {path_for(state_dir(), fitted.profile, fitted.model)}; studies of {fitted.model} on this "
-          f"host's {fitted.profile} now simulate with it", file=sys.stderr)
+    print(
+        f"kept in {path_for(state_dir(), fitted.profile, fitted.model)}; studies of {fitted.model} on this "
+        f"host's {fitted.profile} now simulate with it",
+        file=sys.stderr,
+    )
     return EXIT_OK

@@ -74,8 +74,11 @@ def _daemon_parts(a: argparse.Namespace, *, need_state: bool = True):
 
 def _no_state(cfg, looked) -> str:
     where = " nor ".join(str(p) for p in looked)
-    how = ("start it with this config" if cfg.state_dir is not None else
-           f"start it with this config, or name the directory it keeps its state in with state_dir in {cfg.source}")
+    how = (
+        "start it with this config"
+        if cfg.state_dir is not None
+        else f"start it with this config, or name the directory it keeps its state in with state_dir in {cfg.source}"
+    )
     return f"no daemon named {cfg.name!r} has kept state in {where} yet: {how}"
 
 
@@ -101,8 +104,10 @@ def cmd_retune(a: argparse.Namespace) -> int:
     store.request_retune(a.reason)
     if not has_state(root):  # a daemon started later with this config reads it there
         print(f"autotune: note: {_no_state(cfg, [root])}; the request waits for it in {root}", file=sys.stderr)
-    print(f"autotune: retune requested ({a.reason}); pending: {_pending_why(cfg, store.load())} "
-          "(a request skips the cooldown; autotune status shows it)")
+    print(
+        f"autotune: retune requested ({a.reason}); pending: {_pending_why(cfg, store.load())} "
+        "(a request skips the cooldown; autotune status shows it)"
+    )
     return EXIT_OK
 
 
@@ -114,14 +119,14 @@ def cmd_status(a: argparse.Namespace) -> int:
     print(f"phase: {st.phase.value} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.since))}")
     print(f"note: {st.note}")
     if st.last_decision:
-        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.last_decision_at))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.last_decision_at))
         print(f"last decision: {when}: {st.last_decision}")
     print(f"state: {root}")
     request = store.retune_request()
     if request is not None:
         print(f"retune: requested ({request}), pending: {_pending_why(cfg, st)}")
     if st.scrape_error:
-        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.scrape_error_at))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.scrape_error_at))
         print(f"production scrape: {'failing' if st.scrape_failing else 'ok'}; last error at {when}: {st.scrape_error}")
     print_history(history.entries())
     return EXIT_OK
@@ -158,8 +163,10 @@ def cmd_publish(a: argparse.Namespace) -> int:
         store.approve(proposal.number)
     n = proposal.number
     if a.no_wait:
-        print(f"autotune: entry {n} approved; the daemon starts publishing it within one scrape interval "
-              f"({cfg.scrape_interval_s:g} s; autotune status shows how it goes)")
+        print(
+            f"autotune: entry {n} approved; the daemon starts publishing it within one scrape interval "
+            f"({cfg.scrape_interval_s:g} s; autotune status shows how it goes)"
+        )
         return EXIT_OK
     print(f"autotune: entry {n} approved; waiting for the daemon to publish it", file=sys.stderr, flush=True)
     wait = float(a.timeout or APPROVAL_WAIT_S)
@@ -170,10 +177,16 @@ def cmd_publish(a: argparse.Namespace) -> int:
             break
         if time.monotonic() >= deadline:
             taken = store.approval() is None
-            print(f"autotune: entry {n} is still {e.outcome} after {wait:g} s; " + (
-                  "the daemon took the approval and goes on publishing (autotune status shows how it goes)" if taken
-                  else f"no daemon has taken the approval yet: is the daemon with {a.config} running? The approval "
-                  "stays recorded until it does"), file=sys.stderr)
+            print(
+                f"autotune: entry {n} is still {e.outcome} after {wait:g} s; "
+                + (
+                    "the daemon took the approval and goes on publishing (autotune status shows how it goes)"
+                    if taken
+                    else f"no daemon has taken the approval yet: is the daemon with {a.config} running? The approval "
+                    "stays recorded until it does"
+                ),
+                file=sys.stderr,
+            )
             return EXIT_SLO_MISS
         time.sleep(POLL_S)
     if e is None:
@@ -188,8 +201,9 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     from autotune.publish.transaction import PublishLock, rollback, rollback_choice
 
     if a.to is not None and a.to < 1:
-        raise ConfigError(f"--to names a history entry by its number (1 or more), got {a.to}; "
-                          "autotune history lists them")
+        raise ConfigError(
+            f"--to names a history entry by its number (1 or more), got {a.to}; autotune history lists them"
+        )
     cfg, root, store, history = _daemon_parts(a, need_state=False)
     target = build_target(cfg)
     shares_gpus = getattr(target, "idle_gpus", lambda: None)() is not None
@@ -210,13 +224,19 @@ def cmd_rollback(a: argparse.Namespace) -> int:
 def _rollback_by_daemon(a: argparse.Namespace, store, history, to: int) -> int:
     before = history.entries()[-1].number if history.entries() else 0
     store.request_rollback(to)
-    print(f"autotune: a tuning holds the idle GPUs; the daemon pauses it and rolls back to entry {to}",
-          file=sys.stderr, flush=True)
+    print(
+        f"autotune: a tuning holds the idle GPUs; the daemon pauses it and rolls back to entry {to}",
+        file=sys.stderr,
+        flush=True,
+    )
     deadline = time.monotonic() + float(getattr(a, "timeout", None) or APPROVAL_WAIT_S)
     while store.rollback_request() is not None:  # the daemon removes it once the rollback is done
         if time.monotonic() >= deadline:
-            print(f"autotune: the daemon has not rolled back yet (is the daemon with {a.config} running? the request "
-                  "stays until it does; autotune status shows how it goes)", file=sys.stderr)
+            print(
+                f"autotune: the daemon has not rolled back yet (is the daemon with {a.config} running? the request "
+                "stays until it does; autotune status shows how it goes)",
+                file=sys.stderr,
+            )
             return EXIT_SLO_MISS
         time.sleep(POLL_S)
     after = [e for e in history.entries() if e.number > before]

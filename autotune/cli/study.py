@@ -18,48 +18,78 @@ __all__ = ["add_parsers", "cmd_study", "cmd_init", "cmd_report", "cmd_dashboard"
 def _add_request(p: argparse.ArgumentParser, *, for_init: bool) -> None:
     """The flags a study can be made from, without a file."""
     g = p.add_argument_group("a study without a file" if not for_init else "the study")
-    g.add_argument("--model", help="as vllm serve takes it: a directory, or a Hugging Face id found in the Hugging "
-                   "Face cache (its config.json sizes the space, its tokenizer builds prompts)")
+    g.add_argument(
+        "--model",
+        help="as vllm serve takes it: a directory, or a Hugging Face id found in the Hugging "
+        "Face cache (its config.json sizes the space, its tokenizer builds prompts)",
+    )
     g.add_argument("--workload", type=Path, help="recorded traffic: autotune JSONL, vllm bench custom JSONL, ShareGPT")
     g.add_argument("--scenario", help="synthetic traffic: chat (default), long-docs or high-concurrency")
-    g.add_argument("--rate", type=float, help="requests/s of the synthetic traffic; each trial's load ladder starts here")
+    g.add_argument(
+        "--rate", type=float, help="requests/s of the synthetic traffic; each trial's load ladder starts here"
+    )
     g.add_argument("--requests", type=int, default=200, help="requests per synthetic workload (default 200)")
     g.add_argument("--tokenizer", type=Path, help="tokenizer directory when the model's own is not at hand")
-    g.add_argument("--download", action="store_true", help="fetch the model's config.json and tokenizer (not its "
-                   "weights) into the Hugging Face cache when they are not there (huggingface_hub; HF_TOKEN applies)")
+    g.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch the model's config.json and tokenizer (not its "
+        "weights) into the Hugging Face cache when they are not there (huggingface_hub; HF_TOKEN applies)",
+    )
     g.add_argument("--engine-cmd", help="engine command line prefix (default: 'vllm serve')")
     g.add_argument("--port", type=_port, default=8100, help="staging engine port on localhost (default 8100)")
-    p.add_argument("--slo", action="append", default=[], help=SLO_HELP + ("" if for_init else
-                   "; with a file, replaces the file's SLOs"))
+    p.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        help=SLO_HELP + ("" if for_init else "; with a file, replaces the file's SLOs"),
+    )
     p.add_argument("--trials", type=int, help="trials in the study in all, baselines included (default 20)")
     p.add_argument("--study-name", help="name of the study (default: the model's and the traffic's names)")
 
 
 def add_parsers(sub) -> None:
     st = sub.add_parser(
-        "study", help="search engine args for the most load within the SLOs (Optuna)",
+        "study",
+        help="search engine args for the most load within the SLOs (Optuna)",
         description="Run (or resume) a study. Without a file: autotune study --model DIR --slo 'ttft<800ms' --rate 4 "
         "writes runs/<name>/study.toml (every default spelled out) and runs it. With a file: the file's study, "
-        "flags on top.")
+        "flags on top.",
+    )
     st.add_argument("file", type=Path, nargs="?", help="study definition, e.g. studies/tiny-cpu-chat.toml")
     _add_request(st, for_init=False)
     st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
     st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
-    st.add_argument("--dry-run", type=_trial_count, nargs="?", const=5, metavar="N",
-                    help="print the first N trials' argv and env as JSON lines, launch nothing")
+    st.add_argument(
+        "--dry-run",
+        type=_trial_count,
+        nargs="?",
+        const=5,
+        metavar="N",
+        help="print the first N trials' argv and env as JSON lines, launch nothing",
+    )
     st.add_argument("--no-remeasure", action="store_true", help="skip re-measuring the top candidates")
-    st.add_argument("--json", action="store_true", dest="json_lines",
-                    help="print one JSON object per trial and one for the result, nothing else, on stdout")
+    st.add_argument(
+        "--json",
+        action="store_true",
+        dest="json_lines",
+        help="print one JSON object per trial and one for the result, nothing else, on stdout",
+    )
 
-    it = sub.add_parser("init", help="write an annotated study file from a few flags, run nothing",
-                        description="Write the study `autotune study --model ... --slo ...` would run, every "
-                        "default spelled out with a comment, to edit before running it.")
+    it = sub.add_parser(
+        "init",
+        help="write an annotated study file from a few flags, run nothing",
+        description="Write the study `autotune study --model ... --slo ...` would run, every "
+        "default spelled out with a comment, to edit before running it.",
+    )
     _add_request(it, for_init=True)
     it.add_argument("--out", type=Path, help="file to write (default: <name>.toml here)")
     it.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
-    for name, text in (("dashboard", "open the study in optuna-dashboard"),
-                       ("report", "write an HTML report of the study")):
+    for name, text in (
+        ("dashboard", "open the study in optuna-dashboard"),
+        ("report", "write an HTML report of the study"),
+    ):
         q = sub.add_parser(name, help=text)
         q.add_argument("file", type=Path, help="study definition")
         q.add_argument("--storage", help="Optuna storage URL (default: the study's)")
@@ -75,8 +105,9 @@ def _request(a: argparse.Namespace):
     from autotune.study.starter import StudyRequest
 
     if not a.model:
-        raise ConfigError("give a study file, or the model to tune: --model DIR --slo 'ttft<800ms' --rate R "
-                          "(autotune study --help)")
+        raise ConfigError(
+            "give a study file, or the model to tune: --model DIR --slo 'ttft<800ms' --rate R (autotune study --help)"
+        )
     if a.requests < 1:
         raise ConfigError("--requests must be at least 1")
     if a.download:
@@ -86,10 +117,19 @@ def _request(a: argparse.Namespace):
         if files.directory is None:
             raise ConfigError(files.found)
         print(f"autotune: {files.found}", file=sys.stderr)
-    return StudyRequest(model=a.model, slos=tuple(a.slo), engine_command=a.engine_cmd or default_engine_command(),
-                        workload=a.workload, scenario=a.scenario, rate=a.rate, requests=a.requests,
-                        tokenizer=a.tokenizer, trials=a.trials if a.trials is not None else 20, name=a.study_name,
-                        port=a.port)
+    return StudyRequest(
+        model=a.model,
+        slos=tuple(a.slo),
+        engine_command=a.engine_cmd or default_engine_command(),
+        workload=a.workload,
+        scenario=a.scenario,
+        rate=a.rate,
+        requests=a.requests,
+        tokenizer=a.tokenizer,
+        trials=a.trials if a.trials is not None else 20,
+        name=a.study_name,
+        port=a.port,
+    )
 
 
 def _platform(command: str):
@@ -120,9 +160,11 @@ def _render(a: argparse.Namespace) -> tuple[str, str]:
     g = platform.gpus[0] if platform.gpus else None
     space = kind.default_space(platform.name, g.total_bytes / (1 << 30) if g else 0.0, g.name if g else "")
     if platform.name == "cpu":
-        print("autotune: note: no NVIDIA GPU is visible to NVML here, so the study tunes vLLM's CPU backend; to "
-              "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
-              file=sys.stderr)
+        print(
+            "autotune: note: no NVIDIA GPU is visible to NVML here, so the study tunes vLLM's CPU backend; to "
+            "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
+            file=sys.stderr,
+        )
     return study_name(req), validated(render_study(req, platform, space))
 
 
@@ -145,8 +187,10 @@ def _file_free_study(a: argparse.Namespace) -> Path:
     name, text = _render(a)
     path = Path("runs") / name / "study.toml"
     if path.is_file() and path.read_text(encoding="utf-8") != text:
-        raise ConfigError(f"{path} holds another study named {name} (other flags): resume it with "
-                          f"`autotune study {path}`, or name this one with --study-name")
+        raise ConfigError(
+            f"{path} holds another study named {name} (other flags): resume it with "
+            f"`autotune study {path}`, or name this one with --study-name"
+        )
     fresh = not path.is_file()
     atomic_write(path, text)
     said = "wrote" if fresh else "resuming"
@@ -159,18 +203,23 @@ def _definition(a: argparse.Namespace):
     from autotune.study.definition import load_study
 
     d = load_study(a.file, default_platform="cuda" if gpu.devices() else "cpu")
-    return d.with_overrides(slos=getattr(a, "slo", None), trials=getattr(a, "trials", None),
-                            timeout=getattr(a, "timeout", None), storage=a.storage, name=a.study_name)
+    return d.with_overrides(
+        slos=getattr(a, "slo", None),
+        trials=getattr(a, "trials", None),
+        timeout=getattr(a, "timeout", None),
+        storage=a.storage,
+        name=a.study_name,
+    )
 
 
 def cmd_study(a: argparse.Namespace) -> int:
+    from autotune.cli.calibrate import recalibrate, refitter, simulator_for
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
     from autotune.study.outputs import NOT_RECOMMENDED, comparison, write_verdict
     from autotune.study.records import StudyResult, TrialRecord
     from autotune.study.runner import StudyRun, open_study
     from autotune.workload.source import LoadSteps
-    from autotune.cli.calibrate import recalibrate, refitter, simulator_for
 
     if a.file is None:
         a.file = _file_free_study(a)
@@ -187,20 +236,27 @@ def cmd_study(a: argparse.Namespace) -> int:
         lines = list(dry_run(d, table, a.dry_run))  # every error before any output
         print(f"autotune: {d.model_files().found}", file=sys.stderr)
         if not prompts:
-            print("autotune: note: a dry run builds no prompts; the study will, with the model's tokenizer: "
-                  f"{d.workload.no_tokenizer}", file=sys.stderr)
+            print(
+                "autotune: note: a dry run builds no prompts; the study will, with the model's tokenizer: "
+                f"{d.workload.no_tokenizer}",
+                file=sys.stderr,
+            )
         for line in lines:
             print(json.dumps(line))
         if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
-            print("autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
-                  "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
-                  "compute", file=sys.stderr)
+            print(
+                "autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
+                "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
+                "compute",
+                file=sys.stderr,
+            )
         return EXIT_OK
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
     # the view first: it routes Optuna's log lines (the study's creation included) into the study's log
-    with StudyView(d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda",
-                   json_lines=a.json_lines) as view:
+    with StudyView(
+        d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda", json_lines=a.json_lines
+    ) as view:
         study = open_study(d)
         run = StudyRun(d, table, steps)
         run.show, run.notice = view.show, view.notice
@@ -245,13 +301,17 @@ def cmd_study(a: argparse.Namespace) -> int:
         return EXIT_SLO_MISS
     if not a.json_lines:
         if "config" in paths:
-            print(f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}"
-                  + (f", container: {paths['docker']}" if "docker" in paths else ""))
+            print(
+                f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}"
+                + (f", container: {paths['docker']}" if "docker" in paths else "")
+            )
         else:
             print(f"best config: command line {paths['command']}, values {paths['json']}")
         if leader is not None:
-            print(f"not recommended (it led within the spread): trial {leader.number}, kept as "
-                  f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}")
+            print(
+                f"not recommended (it led within the spread): trial {leader.number}, kept as "
+                f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}"
+            )
         print(f"the whole story: autotune report {a.file}  (or autotune dashboard {a.file})")
     return EXIT_OK
 
@@ -261,10 +321,17 @@ def _result_event(result, winner, paths: dict[str, Path]) -> dict:
     base = result.best_baseline
     verdict = result.remeasurement
     return {
-        "event": "result", "pareto": result.pareto,
+        "event": "result",
+        "pareto": result.pareto,
         "front": [r.number for r in result.front] if result.pareto else None,
-        "winner": None if winner is None else {"trial": winner.number, "label": winner.label,
-                                               "params": winner.params, "capacity_rps": winner.capacity_rps},
+        "winner": None
+        if winner is None
+        else {
+            "trial": winner.number,
+            "label": winner.label,
+            "params": winner.params,
+            "capacity_rps": winner.capacity_rps,
+        },
         "best_baseline": None if base is None else {"label": base.label, "capacity_rps": base.capacity_rps},
         "gain": (winner.capacity_rps / base.capacity_rps - 1) if winner is not None and base is not None else None,
         "remeasurement": None if verdict is None else {k: v for k, v in verdict.to_json().items() if k != "candidates"},
@@ -276,7 +343,9 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
     d = _definition(a)
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     if not Path(exe).exists() and not shutil.which(exe):
-        raise ConfigError("optuna-dashboard is not installed (autotune depends on it): reinstall autotune, e.g. pip install -e .")
+        raise ConfigError(
+            "optuna-dashboard is not installed (autotune depends on it): reinstall autotune, e.g. pip install -e ."
+        )
     argv = [exe, d.storage, "--host", a.host, "--port", str(a.port), "--artifact-dir", str(d.run_dir / "artifacts")]
     print(f"autotune: optuna-dashboard on http://{a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -299,7 +368,9 @@ def _require_study(d, file: Path) -> None:
             raise ConfigError(f"no study database at {path}: run `autotune study {file}` first, or give --storage")
     names = sorted(optuna.get_all_study_names(d.storage))
     if d.name not in names:
-        held = f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
+        held = (
+            f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
+        )
         raise ConfigError(f"no study {d.name!r} in {d.storage}; {held}")
 
 
@@ -311,5 +382,3 @@ def cmd_report(a: argparse.Namespace) -> int:
     out = write_report(d, a.out or d.run_dir / "report.html")
     print(f"report: {out}")
     return EXIT_OK
-
-

@@ -44,10 +44,13 @@ def _production_config(cfg: DaemonConfig) -> str | None:
     target = build_target(cfg)
     deployed = target.deployed()  # a YAML that does not parse is a ConfigError naming the file
     if deployed is None:
-        where = cfg.production.settings.get("config") or getattr(getattr(target, "live", lambda: None)(), "name",
-                                                                   "the target")
-        return (f"there is no production config to start from ({where}): "
-                "write the one production runs now (the daemon compares every tuning with it)")
+        where = cfg.production.settings.get("config") or getattr(
+            getattr(target, "live", lambda: None)(), "name", "the target"
+        )
+        return (
+            f"there is no production config to start from ({where}): "
+            "write the one production runs now (the daemon compares every tuning with it)"
+        )
     return None
 
 
@@ -56,8 +59,11 @@ def _restart_command(cfg: DaemonConfig) -> str | None:
     commands = [("[production].restart", restart)] if isinstance(restart, list) and restart else []
     target = build_target(cfg)
     commands += getattr(target, "commands", lambda: [])()  # blue/green: each color's start/stop, the proxy's
-    problems = [f"{key}: {argv[0]!r} is not an executable on PATH or a path to one"
-                for key, argv in commands if not _runnable(argv[0])]
+    problems = [
+        f"{key}: {argv[0]!r} is not an executable on PATH or a path to one"
+        for key, argv in commands
+        if not _runnable(argv[0])
+    ]
     return "; ".join(problems) or None
 
 
@@ -73,8 +79,10 @@ def _proxy(cfg: DaemonConfig) -> str | None:
         if r.status_code != 200:
             return f"{color.name} ({color.url}), the color the proxy names, answers /health with {r.status_code}"
     except httpx.HTTPError as e:
-        return (f"{color.name} ({color.url}), the color the proxy's upstream file names, does not answer "
-                f"({type(e).__name__}): start it, or point the file at the color that serves")
+        return (
+            f"{color.name} ({color.url}), the color the proxy's upstream file names, does not answer "
+            f"({type(e).__name__}): start it, or point the file at the color that serves"
+        )
     return None
 
 
@@ -93,11 +101,15 @@ def _arrivals_log(cfg: DaemonConfig) -> str | None:
     if path is None:
         return None
     if not path.is_file():
-        return (f"[watch].arrivals_log: {path} does not exist: the proxy writes it (systemd/nginx-autotune.conf's "
-                "access_log line, then reload nginx), or remove the key to count demand from /metrics alone")
+        return (
+            f"[watch].arrivals_log: {path} does not exist: the proxy writes it (systemd/nginx-autotune.conf's "
+            "access_log line, then reload nginx), or remove the key to count demand from /metrics alone"
+        )
     if not os.access(path, os.R_OK):
-        return (f"[watch].arrivals_log: {path} is not readable by this user: let nginx create it 0644 "
-                "(systemd/logrotate-autotune keeps it so)")
+        return (
+            f"[watch].arrivals_log: {path} is not readable by this user: let nginx create it 0644 "
+            "(systemd/logrotate-autotune keeps it so)"
+        )
     return None
 
 
@@ -107,11 +119,14 @@ def _staging_study(cfg: DaemonConfig) -> str | None:
     d = load_study(cfg.staging_study)
     problems = []
     if d.workload.tokenizer is None:
-        problems.append(f"the staging study {cfg.staging_study} names no tokenizer that exists here: set "
-                        "[workload].tokenizer (or a local model directory) so tunings can build production-like prompts")
+        problems.append(
+            f"the staging study {cfg.staging_study} names no tokenizer that exists here: set "
+            "[workload].tokenizer (or a local model directory) so tunings can build production-like prompts"
+        )
     if d.command.command and not _runnable(d.command.command[0]):
-        problems.append(f"the staging study's engine command {d.command.command[0]!r} is not an executable on PATH "
-                        "or a path to one")
+        problems.append(
+            f"the staging study's engine command {d.command.command[0]!r} is not an executable on PATH or a path to one"
+        )
     return "; ".join(problems) or None
 
 

@@ -60,9 +60,9 @@ from typing import Any
 
 from autotune.configfile import Table
 from autotune.errors import ConfigError
+from autotune.measure.slo import SLO
 from autotune.publish.target import check_settings
 from autotune.study.definition import read_slos
-from autotune.measure.slo import SLO
 
 __all__ = ["DaemonConfig", "Production", "Triggers", "TimeWindow", "load_daemon_config"]
 
@@ -81,7 +81,7 @@ class TimeWindow:
     def parse(cls, text: str, where: str) -> TimeWindow:
         m = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*", text)
         if not m:
-            raise ConfigError(f"{where}: {text!r} is not a time window; write e.g. \"01:00-05:00\"")
+            raise ConfigError(f'{where}: {text!r} is not a time window; write e.g. "01:00-05:00"')
         h1, m1, h2, m2 = (int(x) for x in m.groups())
         if h1 > 23 or h2 > 24 or m1 > 59 or m2 > 59:
             raise ConfigError(f"{where}: {text!r} has an impossible time")
@@ -136,8 +136,9 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     """The daemon file at ``path``; ``serving``: the daemon itself is starting, so its metrics port must be free."""
     p = Path(path)
     top = Table.of_file(p, "daemon config", see=_SEE)
-    top.only({"name", "state_dir", "slos", "production", "staging", "watch", "triggers", "tuning", "publish",
-              "metrics"})
+    top.only(
+        {"name", "state_dir", "slos", "production", "staging", "watch", "triggers", "tuning", "publish", "metrics"}
+    )
     w = p.name
     name = top.string("name", "production")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -148,7 +149,7 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     state_dir = p.parent / state if state else None  # an absolute path stays itself
     slos = read_slos(top)
     if not slos:
-        raise ConfigError(f"{w}: give the SLOs production must meet, e.g. slos = [\"ttft<800ms\"]")
+        raise ConfigError(f'{w}: give the SLOs production must meet, e.g. slos = ["ttft<800ms"]')
 
     prod = top.table("production")
     if "url" not in prod:
@@ -180,10 +181,12 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     arrivals = watch.string("arrivals_log", "")
     watch.done()
     trig = top.table("triggers")
-    triggers = Triggers(drift=trig.number("drift", 0.5, above=0),
-                        breach_windows=trig.integer("breach_windows", 3, at_least=1),
-                        every_s=trig.duration("every", 7 * 86400.0, at_least=0, days=True),  # 0: never
-                        cooldown_s=trig.duration("cooldown", 6 * 3600.0, at_least=0, days=True))
+    triggers = Triggers(
+        drift=trig.number("drift", 0.5, above=0),
+        breach_windows=trig.integer("breach_windows", 3, at_least=1),
+        every_s=trig.duration("every", 7 * 86400.0, at_least=0, days=True),  # 0: never
+        cooldown_s=trig.duration("cooldown", 6 * 3600.0, at_least=0, days=True),
+    )
     trig.done()
     tuning = top.table("tuning")
     windows = tuple(TimeWindow.parse(x, tuning.name("windows")) for x in tuning.strings("windows", []))
@@ -196,10 +199,21 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     listen = _listen(met, serving)
     met.done()
     return DaemonConfig(
-        name=name, slos=slos, production=production, staging_study=study, staging_trace=trace,
+        name=name,
+        slos=slos,
+        production=production,
+        staging_study=study,
+        staging_trace=trace,
         arrivals_log=p.parent / arrivals if arrivals else None,
-        scrape_interval_s=scrape_interval, window_s=window, triggers=triggers, tuning_windows=windows,
-        canary_requests=canary_requests, approval=approval, metrics_listen=listen, source=p, state_dir=state_dir,
+        scrape_interval_s=scrape_interval,
+        window_s=window,
+        triggers=triggers,
+        tuning_windows=windows,
+        canary_requests=canary_requests,
+        approval=approval,
+        metrics_listen=listen,
+        source=p,
+        state_dir=state_dir,
     )
 
 
@@ -220,8 +234,9 @@ def _listen(met: Table, serving: bool) -> tuple[str, int] | None:
 def bind_test(host: str, port: int, where: str) -> None:
     """Bind (and let go of) ``host:port`` as the metrics server will: a ConfigError when that cannot work."""
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ]
     except socket.gaierror as e:
         raise ConfigError(f"{where}: cannot listen on {host}:{port}: {e.strerror}") from None
     with socket.socket(family, kind, proto) as s:
@@ -229,6 +244,9 @@ def bind_test(host: str, port: int, where: str) -> None:
         try:
             s.bind(addr)
         except OSError as e:
-            why = "the port is in use (another daemon?); pick another or stop it" \
-                if e.errno == errno.EADDRINUSE else e.strerror
+            why = (
+                "the port is in use (another daemon?); pick another or stop it"
+                if e.errno == errno.EADDRINUSE
+                else e.strerror
+            )
             raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}") from None

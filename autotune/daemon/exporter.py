@@ -39,29 +39,47 @@ class DaemonMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.phase = Enum(PHASE_METRIC, "What the daemon is doing", states=PHASES, registry=r)
-        self.trials = Gauge("autotune_trials", "Trials of the current (or last) tuning study, by state", ["state"],
-                            registry=r)
-        self.best_capacity = _Known(r, "autotune_best_capacity_requests_per_second",
-                                    "SLO capacity of the last tuning's winner")
-        self.production_capacity = _Known(r, "autotune_production_capacity_requests_per_second",
-                                          "SLO capacity of the production config, measured on staging")
-        self.production_config = Info("autotune_production_config", "The engine args production runs (history entry)",
-                                      registry=r)
-        self.drift = _Known(r, "autotune_traffic_drift_score",
-                            "Distance of production's traffic fingerprint from the one its config was tuned for")
-        self.slo_value = Gauge("autotune_production_slo_value",
-                               "Production's latency at the SLO's percentile over the watch window, seconds", ["slo"],
-                               registry=r)
-        self.slo_met = Gauge("autotune_production_slo_met", "1 when production meets the SLO over the window, 0 when "
-                             "not", ["slo"], registry=r)
+        self.trials = Gauge(
+            "autotune_trials", "Trials of the current (or last) tuning study, by state", ["state"], registry=r
+        )
+        self.best_capacity = _Known(
+            r, "autotune_best_capacity_requests_per_second", "SLO capacity of the last tuning's winner"
+        )
+        self.production_capacity = _Known(
+            r,
+            "autotune_production_capacity_requests_per_second",
+            "SLO capacity of the production config, measured on staging",
+        )
+        self.production_config = Info(
+            "autotune_production_config", "The engine args production runs (history entry)", registry=r
+        )
+        self.drift = _Known(
+            r,
+            "autotune_traffic_drift_score",
+            "Distance of production's traffic fingerprint from the one its config was tuned for",
+        )
+        self.slo_value = Gauge(
+            "autotune_production_slo_value",
+            "Production's latency at the SLO's percentile over the watch window, seconds",
+            ["slo"],
+            registry=r,
+        )
+        self.slo_met = Gauge(
+            "autotune_production_slo_met",
+            "1 when production meets the SLO over the window, 0 when not",
+            ["slo"],
+            registry=r,
+        )
         self.request_rate = _Known(r, "autotune_production_request_rate", "Production's finished requests per second")
         self.last_publish = Gauge("autotune_last_publish_timestamp_seconds", "When the last publish ended", registry=r)
-        self.last_publish_ok = Gauge("autotune_last_publish_success", "1 when the last publish was kept, 0 when it "
-                                     "was rolled back", registry=r)
+        self.last_publish_ok = Gauge(
+            "autotune_last_publish_success", "1 when the last publish was kept, 0 when it was rolled back", registry=r
+        )
         self.publishes = Counter("autotune_publishes", "Publishes by outcome", ["outcome"], registry=r)
         self.rollbacks = Counter("autotune_rollbacks", "Configs rolled back (automatically or by hand)", registry=r)
-        self.scrape_errors = Counter("autotune_production_scrape_errors", "Failed scrapes of production's /metrics",
-                                     registry=r)
+        self.scrape_errors = Counter(
+            "autotune_production_scrape_errors", "Failed scrapes of production's /metrics", registry=r
+        )
         self.tunings = Counter("autotune_tunings", "Tunings started, by trigger kind", ["trigger"], registry=r)
         self._counted: dict[str, float] = {}  # what the counters hold from the history so far
         self._last: tuple[int, str] | None = None  # the last publish or rollback the gauges show

@@ -173,9 +173,17 @@ def _prefix_lengths(lengths: np.ndarray, share: float, groups: int) -> tuple[lis
     return best[0], best[1]
 
 
-def workload_from(fp: Fingerprint, *, requests: int, seed: int, burstiness: float = 1.0,
-                  prefix_groups: int = 4, api: Literal["completion", "chat"] = "completion",
-                  max_model_len: int | None = None, name: str = "production") -> Workload:
+def workload_from(
+    fp: Fingerprint,
+    *,
+    requests: int,
+    seed: int,
+    burstiness: float = 1.0,
+    prefix_groups: int = 4,
+    api: Literal["completion", "chat"] = "completion",
+    max_model_len: int | None = None,
+    name: str = "production",
+) -> Workload:
     """A synthetic workload that looks like the fingerprint, for a re-tuning study to replay.
 
     Arrivals are gamma (Poisson unless ``burstiness``) at the fingerprint's rate; prompt and output
@@ -195,10 +203,14 @@ def workload_from(fp: Fingerprint, *, requests: int, seed: int, burstiness: floa
         raise ConfigError("the fingerprint has no prompt/output lengths (no finished requests in its window)")
     rng = np.random.default_rng(seed)
     cap = max_model_len or 1 << 30
-    prompts = np.clip(np.rint(_lognormal(rng, requests, fp.prompt_tokens_mean, fp.prompt_tokens_p50,
-                                         fp.prompt_tokens_p90)), 1, max(cap - 1, 1)).astype(int)
-    outputs = np.rint(_lognormal(rng, requests, fp.output_tokens_mean, fp.output_tokens_p50,
-                                 fp.output_tokens_p90)).astype(int)
+    prompts = np.clip(
+        np.rint(_lognormal(rng, requests, fp.prompt_tokens_mean, fp.prompt_tokens_p50, fp.prompt_tokens_p90)),
+        1,
+        max(cap - 1, 1),
+    ).astype(int)
+    outputs = np.rint(
+        _lognormal(rng, requests, fp.output_tokens_mean, fp.output_tokens_p50, fp.output_tokens_p90)
+    ).astype(int)
     outputs = np.clip(outputs, 1, np.maximum(cap - prompts, 1))
     share = fp.prefix_cache_hit_rate or 0.0
     plens: list[int] = []
@@ -217,7 +229,14 @@ def workload_from(fp: Fingerprint, *, requests: int, seed: int, burstiness: floa
     reqs = []
     for i, t in enumerate(times):
         g = int(group_of[i])
-        reqs.append(Request(arrival_s=t, output_tokens=int(outputs[i]), prompt_tokens=int(prompts[i]),
-                            prefix_group=f"{name}-prefix-{g}" if g >= 0 else None,
-                            prefix_tokens=plens[g] if g >= 0 else 0, api=api))
+        reqs.append(
+            Request(
+                arrival_s=t,
+                output_tokens=int(outputs[i]),
+                prompt_tokens=int(prompts[i]),
+                prefix_group=f"{name}-prefix-{g}" if g >= 0 else None,
+                prefix_tokens=plens[g] if g >= 0 else 0,
+                api=api,
+            )
+        )
     return Workload(tuple(reqs), name)

@@ -47,11 +47,19 @@ from autotune.daemon import notify
 from autotune.daemon.arrivals import ArrivalLog
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
+from autotune.daemon.fingerprint import Fingerprint, drift
 from autotune.daemon.production import build_target, daemon_root, production_canary, switch_verifier
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide, duration_text
-from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.tuning import (TuningChild, choose, for_production, load_staging, move_to_gpus,
-                                    production_capacity, tuned_keys, write_tuning_study)
+from autotune.daemon.tuning import (
+    TuningChild,
+    choose,
+    for_production,
+    load_staging,
+    move_to_gpus,
+    production_capacity,
+    tuned_keys,
+    write_tuning_study,
+)
 from autotune.daemon.watcher import Watcher
 from autotune.errors import AutotuneError, ConfigError
 from autotune.publish.history import Entry, History
@@ -84,20 +92,32 @@ def _demand_note(fp: Fingerprint) -> str:
 
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig, *, target: Target | None = None, root: Path | None = None,
-                 metrics: DaemonMetrics | None = None, autotune_argv: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        *,
+        target: Target | None = None,
+        root: Path | None = None,
+        metrics: DaemonMetrics | None = None,
+        autotune_argv: list[str] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.root = root or daemon_root(cfg)
         self.store = StateStore(self.root)
         self.history = History(self.root / "history")
         self.target = target or build_target(cfg)
         self.metrics = metrics or DaemonMetrics()
-        self.watcher = Watcher(cfg.production.url, window_s=cfg.window_s,
-                               arrivals=ArrivalLog(cfg.arrivals_log) if cfg.arrivals_log else None)
+        self.watcher = Watcher(
+            cfg.production.url,
+            window_s=cfg.window_s,
+            arrivals=ArrivalLog(cfg.arrivals_log) if cfg.arrivals_log else None,
+        )
         self.study = load_staging(cfg.staging_study, self.root)  # the template: checked now, not at the first drift
         if self.study.workload.tokenizer is None:
-            raise ConfigError(f"{cfg.staging_study}: the daemon builds prompts like production's with the model's "
-                              "tokenizer: set [workload].tokenizer (or engine.args.tokenizer) to a local directory")
+            raise ConfigError(
+                f"{cfg.staging_study}: the daemon builds prompts like production's with the model's "
+                "tokenizer: set [workload].tokenizer (or engine.args.tokenizer) to a local directory"
+            )
         self.autotune = autotune_argv or [sys.executable, "-m", "autotune"]
         self.state = self.store.load()
         self.fingerprint: Fingerprint | None = None
@@ -154,11 +174,23 @@ class Daemon:
         except AutotuneError as e:
             _say(f"reload: {path} not applied, the running config stays: {e}")
             return
-        held = [name for name, old, now in (("name", self.cfg.name, new.name), ("state_dir", self.cfg.state_dir,
-                new.state_dir), ("[metrics].listen", self.cfg.metrics_listen, new.metrics_listen),
-                ("[production].url", self.cfg.production.url, new.production.url)) if old != now]
-        new = replace(new, name=self.cfg.name, state_dir=self.cfg.state_dir, metrics_listen=self.cfg.metrics_listen,
-                      production=replace(new.production, url=self.cfg.production.url))
+        held = [
+            name
+            for name, old, now in (
+                ("name", self.cfg.name, new.name),
+                ("state_dir", self.cfg.state_dir, new.state_dir),
+                ("[metrics].listen", self.cfg.metrics_listen, new.metrics_listen),
+                ("[production].url", self.cfg.production.url, new.production.url),
+            )
+            if old != now
+        ]
+        new = replace(
+            new,
+            name=self.cfg.name,
+            state_dir=self.cfg.state_dir,
+            metrics_listen=self.cfg.metrics_listen,
+            production=replace(new.production, url=self.cfg.production.url),
+        )
         if new.production != self.cfg.production and self._job is None:
             self.target = build_target(new)
         if new.arrivals_log != self.cfg.arrivals_log:  # new totals: no window may span the old reader's and the new
@@ -251,8 +283,11 @@ class Daemon:
         self.fingerprint = None
         last = next(e for e in reversed(entries) if e.number == settled[0])
         if "rollback_to" in last.source and last.number not in self._told:  # `autotune rollback` elsewhere: said too
-            self._decide(self.state.phase, note=f"production rolled back by hand to entry {last.source['rollback_to']} "
-                                                f"(entry {last.number}); the traffic window starts again")
+            self._decide(
+                self.state.phase,
+                note=f"production rolled back by hand to entry {last.source['rollback_to']} "
+                f"(entry {last.number}); the traffic window starts again",
+            )
 
     def _observe(self) -> Observation | None:
         window = self.watcher.poll()
@@ -294,8 +329,10 @@ class Daemon:
             self.metrics.scrape_errors.inc()
             self._failed_scrapes = w.consecutive_errors
             if w.consecutive_errors == 1:
-                _say(f"cannot scrape production ({where}): {w.last_error}{self._serving_engine_down()}; retrying "
-                     f"every {self.cfg.scrape_interval_s:g} s, quiet until it works again")
+                _say(
+                    f"cannot scrape production ({where}): {w.last_error}{self._serving_engine_down()}; retrying "
+                    f"every {self.cfg.scrape_interval_s:g} s, quiet until it works again"
+                )
             error = f"{where}: {w.last_error}"
             if not self.state.scrape_failing or self.state.scrape_error != error:
                 self._keep(scrape_error=error, scrape_error_at=time.time(), scrape_failing=True)
@@ -316,9 +353,11 @@ class Daemon:
         except AutotuneError:
             return ""  # the proxy's file names no color: the publish commands say what to write
         except httpx.HTTPError as e:
-            return (f"; {color.name} ({color.url}), the color serving users, does not answer /health either "
-                    f"({type(e).__name__}): its engine crashed or is restarting (vllm@.service's Restart=on-failure "
-                    "starts it again from its YAML)")
+            return (
+                f"; {color.name} ({color.url}), the color serving users, does not answer /health either "
+                f"({type(e).__name__}): its engine crashed or is restarting (vllm@.service's Restart=on-failure "
+                "starts it again from its YAML)"
+            )
         return ""
 
     def _watching(self, obs: Observation | None) -> None:
@@ -327,9 +366,18 @@ class Daemon:
         # a request by hand stays pending (its file stays) until a tuning starts: outside the tuning windows
         # it waits for one, as any trigger does, and `autotune status` says so
         manual = self.store.retune_request()
-        d = decide(self.state, obs, now=now, drift_threshold=t.drift, breach_windows=t.breach_windows,
-                   every_s=t.every_s, cooldown_s=t.cooldown_s, in_window=self.cfg.may_tune_at(dt.datetime.now()),
-                   manual=manual, windows=self.cfg.windows_text())
+        d = decide(
+            self.state,
+            obs,
+            now=now,
+            drift_threshold=t.drift,
+            breach_windows=t.breach_windows,
+            every_s=t.every_s,
+            cooldown_s=t.cooldown_s,
+            in_window=self.cfg.may_tune_at(dt.datetime.now()),
+            manual=manual,
+            windows=self.cfg.windows_text(),
+        )
         if d.trigger is None:
             note = d.waiting or "watching"
             if self.state.scrape_failing:
@@ -353,21 +401,38 @@ class Daemon:
         self._write_tuning_study(name, path, fp, deployed)
         kind = trigger.split(":")[0].split(" ")[0]
         by_trigger = {**self.state.tunings_by_trigger, kind: self.state.tunings_by_trigger.get(kind, 0) + 1}
-        self._set(Phase.TUNING, trigger=trigger, study_name=name, study_file=str(path), tunings=n,
-                  tunings_by_trigger=by_trigger,
-                  tuning_started=time.time(), trials_told=(),
-                  note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s"
-                       + _demand_note(fp),
-                  tuned_fingerprint=self.state.tuned_fingerprint, imitated=fp.to_json(),
-                  breach_streak=0, production_values=tidy(deployed) if deployed is not None else None)
+        self._set(
+            Phase.TUNING,
+            trigger=trigger,
+            study_name=name,
+            study_file=str(path),
+            tunings=n,
+            tunings_by_trigger=by_trigger,
+            tuning_started=time.time(),
+            trials_told=(),
+            note=f"tuning {name}: {trigger}; imitating {fp.request_rate or 0:.2f} req/s" + _demand_note(fp),
+            tuned_fingerprint=self.state.tuned_fingerprint,
+            imitated=fp.to_json(),
+            breach_streak=0,
+            production_values=tidy(deployed) if deployed is not None else None,
+        )
         self._spawn()
 
     def _write_tuning_study(self, name: str, path: Path, fp: Fingerprint, deployed: dict[str, Any] | None) -> None:
         gpus = self._idle_gpus()
-        write_tuning_study(self.cfg.staging_study, self.study, path, name=name, slos=[x.text for x in self.cfg.slos],
-                           fingerprint=fp, seed=self.state.tunings, deployed=deployed,
-                           prefix=f"{self.cfg.name}-tune-", trace=self.cfg.staging_trace,
-                           engine_env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None)
+        write_tuning_study(
+            self.cfg.staging_study,
+            self.study,
+            path,
+            name=name,
+            slos=[x.text for x in self.cfg.slos],
+            fingerprint=fp,
+            seed=self.state.tunings,
+            deployed=deployed,
+            prefix=f"{self.cfg.name}-tune-",
+            trace=self.cfg.staging_trace,
+            engine_env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None,
+        )
 
     def _idle_gpus(self) -> str | None:
         """Blue/green with GPUs per color: the idle color's, where staging runs (None: staging has its own)."""
@@ -472,28 +537,43 @@ class Daemon:
         self.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
         if moved is not None:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
-            self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: nothing published: production's config changed "
-                         f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
-                         f"stale{held}; `autotune retune` measures the one it runs now", **done)
+            self._decide(
+                Phase.WATCHING,
+                note=f"tuning {st.study_name}: nothing published: production's config changed "
+                f"while it ran ({moved}; a rollback or publish meanwhile), so its production baseline is "
+                f"stale{held}; `autotune retune` measures the one it runs now",
+                **done,
+            )
             return
         choice = choose(result)
         if choice.trial is None:
-            self._decide(Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}",
-                         **done)
+            self._decide(
+                Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}", **done
+            )
             return
         winner, why = result.trial(choice.trial), choice.why
         # production's own keys stay as they are (the tuning ran from them: _production_moved said so above);
         # staging's own (its tokenizer, its max_model_len) never reach production
         ran = winner.engine_args.values
         values = for_production(st.production_values, ran, tuned_keys(self.study, ran))
-        source = {"study": st.study_name, "trial": winner.number, "trigger": st.trigger,
-                  "capacity_rps": winner.capacity_rps, "why": why, "production": st.production_values}
+        source = {
+            "study": st.study_name,
+            "trial": winner.number,
+            "trigger": st.trigger,
+            "capacity_rps": winner.capacity_rps,
+            "why": why,
+            "production": st.production_values,
+        }
         if self.cfg.approval:
             for old in [e for e in self.history.entries() if e.outcome == "proposed"]:
                 self.history.settle(old, "rejected", reason="replaced by a newer proposal")
             e = self.history.add("proposed", values, source=source)
-            self._decide(Phase.AWAITING_APPROVAL, note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
-                         f"waits for `autotune publish --approve`: {why}", **done)
+            self._decide(
+                Phase.AWAITING_APPROVAL,
+                note=f"entry {e.number} (trial {winner.number} of {st.study_name}) "
+                f"waits for `autotune publish --approve`: {why}",
+                **done,
+            )
             return
         self._decide(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
         self._job = self._pool.submit(self._publish, values, source)
@@ -524,10 +604,13 @@ class Daemon:
             counts = result.counts() if result is not None else {}
             tried = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v) or "none"
             why = f"measured nothing (trials: {tried})"
-        self._decide(Phase.WATCHING, note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
-                     + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0
-                        else "its trigger may fire again"),
-                     empty_tunings=n, retry_at=time.time() + wait)
+        self._decide(
+            Phase.WATCHING,
+            note=f"tuning {st.study_name} {why}: no verdict, so no cooldown; "
+            + (f"its trigger is tried again in {duration_text(wait)}" if wait > 0 else "its trigger may fire again"),
+            empty_tunings=n,
+            retry_at=time.time() + wait,
+        )
 
     def _stop_child(self) -> None:
         if self._child is not None:
@@ -550,8 +633,11 @@ class Daemon:
         job, self._job = self._job, None
         try:
             entry = job.result()
-            done = (f"production is back on entry {entry.source['rollback_to']} (entry {entry.number})"
-                    if entry is not None else "production already ran that config: nothing changed")
+            done = (
+                f"production is back on entry {entry.source['rollback_to']} (entry {entry.number})"
+                if entry is not None
+                else "production already ran that config: nothing changed"
+            )
             if entry is not None:
                 self._told.add(entry.number)
         except AutotuneError as e:
@@ -588,8 +674,9 @@ class Daemon:
         self._job = self._pool.submit(self._publish, proposal.values, source, proposal)
 
     def canary(self) -> Canary:
-        fp = self.fingerprint or (Fingerprint.from_json(self.state.tuned_fingerprint)
-                                  if self.state.tuned_fingerprint else None)
+        fp = self.fingerprint or (
+            Fingerprint.from_json(self.state.tuned_fingerprint) if self.state.tuned_fingerprint else None
+        )
         return production_canary(self.cfg, self.target, fp, self.study.workload.tokenizer)
 
     def _publish(self, values: dict[str, Any], source: dict[str, Any], entry: Entry | None = None) -> Any:
@@ -604,8 +691,16 @@ class Daemon:
                 self._note(f"{what}: {p}")
 
         with PublishLock(self.root):
-            return publish(self.target, values, self.history, self.canary(), source=source, entry=entry,
-                           on_phase=phase, verify=switch_verifier(self.cfg, self.target))
+            return publish(
+                self.target,
+                values,
+                self.history,
+                self.canary(),
+                source=source,
+                entry=entry,
+                on_phase=phase,
+                verify=switch_verifier(self.cfg, self.target),
+            )
 
     def _publish_done(self) -> None:
         job, self._job = self._job, None
@@ -618,8 +713,11 @@ class Daemon:
             return
         self._history_metrics()
         self.metrics.last_publish.set(time.time())  # ended now
-        self._decide(Phase.WATCHING, note=f"entry {result.entry.number}: {result.outcome}"
-                     + (f" ({result.entry.reason})" if result.entry.reason else ""))
+        self._decide(
+            Phase.WATCHING,
+            note=f"entry {result.entry.number}: {result.outcome}"
+            + (f" ({result.entry.reason})" if result.entry.reason else ""),
+        )
 
     # -- start-up --------------------------------------------------------------------------------
 
@@ -634,11 +732,17 @@ class Daemon:
             if self.history.open_entry() is not None:
                 try:
                     # the canary is built when used: a blue/green switch is re-verified on /metrics instead
-                    result = recover(self.target, self.history, lambda url: self.canary()(url),
-                                     verify=switch_verifier(self.cfg, self.target))
+                    result = recover(
+                        self.target,
+                        self.history,
+                        lambda url: self.canary()(url),
+                        verify=switch_verifier(self.cfg, self.target),
+                    )
                 except AutotuneError as e:
-                    self._decide(Phase.WATCHING, note=f"PRODUCTION NEEDS A PERSON: could not recover the publish a "
-                                                      f"restart cut short: {e}")
+                    self._decide(
+                        Phase.WATCHING,
+                        note=f"PRODUCTION NEEDS A PERSON: could not recover the publish a restart cut short: {e}",
+                    )
                 else:
                     self._recovered(result.entry)
         self._history_metrics()
@@ -651,8 +755,11 @@ class Daemon:
         if e.outcome == "rolled-back" and not e.reached_production and e.source.get("approved") and self.cfg.approval:
             source = {k: v for k, v in e.source.items() if k != "approved"}
             again = self.history.add("proposed", e.values, source=source)
-            self._decide(Phase.AWAITING_APPROVAL, note=f"{said}; it was approved but never served, so it waits "
-                         f"for `autotune publish --approve` again as entry {again.number}")
+            self._decide(
+                Phase.AWAITING_APPROVAL,
+                note=f"{said}; it was approved but never served, so it waits "
+                f"for `autotune publish --approve` again as entry {again.number}",
+            )
             return
         self._decide(Phase.WATCHING, note=said)
 
@@ -701,8 +808,9 @@ class Daemon:
         started = st.tuning_started or st.last_tuning_end  # a state file from before tuning_started: its end
         # the tuning's `production` baseline ran the config production had when it started (production_values;
         # a state file from before that field: any entry older than the tuning), not one rolled back to meanwhile
-        measured_by_it = (same_config(prod.values, st.production_values) if st.production_values is not None
-                          else prod.time < started)
+        measured_by_it = (
+            same_config(prod.values, st.production_values) if st.production_values is not None else prod.time < started
+        )
         if st.study_name and st.last_tuning_end and measured_by_it and st.phase is not Phase.TUNING:
             if st.study_name not in self._capacities:  # a finished study does not change: read it once
                 result = self._tuning_result(st.study_name)

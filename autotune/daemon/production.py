@@ -21,7 +21,16 @@ from autotune.publish.target import Target, create_target
 from autotune.publish.transaction import Canary, CanaryResult
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 
-__all__ = ["build_target", "production_canary", "production_verifier", "switch_verifier", "daemon_root", "find_daemon_root", "has_state", "SYSTEMD_STATE_DIR"]
+__all__ = [
+    "build_target",
+    "production_canary",
+    "production_verifier",
+    "switch_verifier",
+    "daemon_root",
+    "find_daemon_root",
+    "has_state",
+    "SYSTEMD_STATE_DIR",
+]
 
 SYSTEMD_STATE_DIR = Path("/var/lib/autotune")  # systemd/autotune.service: StateDirectory=autotune
 
@@ -73,14 +82,16 @@ def switch_verifier(cfg: DaemonConfig, target: Target) -> Canary | None:
     return None if window is None else production_verifier(cfg.slos, window)
 
 
-def production_canary(cfg: DaemonConfig, target: Target, fingerprint: Fingerprint | None,
-                      tokenizer: str | Path) -> Canary:
+def production_canary(
+    cfg: DaemonConfig, target: Target, fingerprint: Fingerprint | None, tokenizer: str | Path
+) -> Canary:
     """A short replay shaped like production's traffic (its last fingerprint), judged by its SLOs."""
     if fingerprint is None:
         raise AutotuneError("no traffic fingerprint yet: nothing to build a canary from")
     client = target.canary_client()
-    w = workload_from(fingerprint, requests=cfg.canary_requests, seed=int(time.time()) % 1000, name="canary",
-                      api=client.api)
+    w = workload_from(
+        fingerprint, requests=cfg.canary_requests, seed=int(time.time()) % 1000, name="canary", api=client.api
+    )
     w = materialize(w, PromptBuilder(load_tokenizer(tokenizer)), seed=1)
     return replay_canary(w, cfg.slos, ReplayOptions(warmup_requests=0, api_key=client.api_key, model=client.model))
 
@@ -90,6 +101,7 @@ def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5)
     ``window_s``, judged by the SLOs. Too few requests to judge (a quiet hour) keep the switch, since
     the canary judged the config before it, but as not verified (``verified`` false in the summary),
     which the publish's entry and the journal say."""
+
     def run(url: str) -> CanaryResult:
         try:
             first = scrape(url)
@@ -99,11 +111,15 @@ def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5)
             raise PublishError(f"cannot read {url}/metrics after the switch: {type(e).__name__}: {e}") from e
         w = Window.between(first, last)
         judged = [e for e in w.slo_compliance(slos) if e.slo.is_latency]
-        summary = {"requests": w.requests, "window_s": round(w.dt, 1),
-                   "slos": [{"slo": str(e.slo), "measured": e.value, "holds": e.holds} for e in judged]}
+        summary = {
+            "requests": w.requests,
+            "window_s": round(w.dt, 1),
+            "slos": [{"slo": str(e.slo), "measured": e.value, "holds": e.holds} for e in judged],
+        }
         if w.requests < min_requests:
             summary["note"] = f"{w.requests} requests in {w.dt:.0f} s: too few to judge; the canary's verdict stands"
             summary["slos"] = [dict(v, holds=None) for v in summary["slos"]]
             return CanaryResult(True, {**summary, "verified": False})
         return CanaryResult(all(e.holds is not False for e in judged), {**summary, "verified": True})
+
     return run

@@ -37,8 +37,11 @@ class Histogram:
     def minus(self, older: Histogram) -> Histogram:
         """The observations made since ``older`` (same bucket layout)."""
         theirs = dict(older.buckets)
-        return Histogram(tuple((le, c - theirs.get(le, 0.0)) for le, c in self.buckets),
-                         self.count - older.count, self.sum - older.sum)
+        return Histogram(
+            tuple((le, c - theirs.get(le, 0.0)) for le, c in self.buckets),
+            self.count - older.count,
+            self.sum - older.sum,
+        )
 
     def quantile(self, q: float) -> float | None:
         """Prometheus' ``histogram_quantile``: linear interpolation inside the bucket holding rank q*count.
@@ -136,10 +139,12 @@ def parse_metrics(text: str, t: float | None = None, wall: float | None = None) 
         key: Histogram(tuple(sorted(b.items())), hist_count.get(key, b.get(math.inf, 0.0)), hist_sum.get(key, 0.0))
         for key, b in hist_buckets.items()
     }
-    gauge_values = {key: (sum(vs) / len(vs) if METRICS[key].combine == "mean" else sum(vs))
-                    for key, vs in gauges.items()}
-    return Snapshot(time.monotonic() if t is None else t, counters, histograms, gauge_values,
-                    time.time() if wall is None else wall)
+    gauge_values = {
+        key: (sum(vs) / len(vs) if METRICS[key].combine == "mean" else sum(vs)) for key, vs in gauges.items()
+    }
+    return Snapshot(
+        time.monotonic() if t is None else t, counters, histograms, gauge_values, time.time() if wall is None else wall
+    )
 
 
 def scrape(url: str, client: httpx.Client | None = None, timeout: float = 5.0) -> Snapshot:

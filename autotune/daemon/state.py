@@ -185,9 +185,19 @@ class Decision:
     waiting: str = ""  # a trigger that fired but is held (cooldown, outside the windows)
 
 
-def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_threshold: float,
-           breach_windows: int, every_s: float, cooldown_s: float, in_window: bool,
-           manual: str | None = None, windows: str = "") -> Decision:
+def decide(
+    state: DaemonState,
+    obs: Observation | None,
+    *,
+    now: float,
+    drift_threshold: float,
+    breach_windows: int,
+    every_s: float,
+    cooldown_s: float,
+    in_window: bool,
+    manual: str | None = None,
+    windows: str = "",
+) -> Decision:
     """Whether a watching daemon starts a tuning now (pure: the tests drive it with made-up windows).
 
     ``windows`` names the tuning windows in the note of a trigger held outside them."""
@@ -203,8 +213,11 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
         else:
             reason = f"traffic drift {obs.drift:.2f} > {drift_threshold:.2f}"
     elif streak >= breach_windows > 0:
-        reason = (f"production saturated: requests queued through {streak} windows in a row"
-                  if obs is not None and obs.saturated else f"SLO missed in {streak} windows in a row")
+        reason = (
+            f"production saturated: requests queued through {streak} windows in a row"
+            if obs is not None and obs.saturated
+            else f"SLO missed in {streak} windows in a row"
+        )
     elif every_s > 0 and state.last_tuning_end and now - state.last_tuning_end >= every_s:
         reason = f"scheduled: {(now - state.last_tuning_end) / 86400:.1f} days since the last tuning"
     if reason is None:
@@ -214,11 +227,13 @@ def decide(state: DaemonState, obs: Observation | None, *, now: float, drift_thr
         return Decision(None, streak, waiting=f"{reason}; held by the cooldown for {duration_text(left)} more")
     if not manual and state.retry_at and now < state.retry_at:
         left = state.retry_at - now
-        return Decision(None, streak, waiting=f"{reason}; the last tuning reached no verdict, tried again in "
-                                              f"{duration_text(left)}")
+        return Decision(
+            None, streak, waiting=f"{reason}; the last tuning reached no verdict, tried again in {duration_text(left)}"
+        )
     if not in_window:
-        return Decision(None, streak, waiting=f"{reason}; held until a tuning window opens"
-                        + (f" ({windows})" if windows else ""))
+        return Decision(
+            None, streak, waiting=f"{reason}; held until a tuning window opens" + (f" ({windows})" if windows else "")
+        )
     return Decision(reason, 0)
 
 

@@ -30,8 +30,19 @@ from autotune.study.runner import build_space
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
-__all__ = ["TUNING_REQUESTS", "MIN_GAIN", "Choice", "load_staging", "write_tuning_study", "warm_starts", "choose",
-           "production_capacity", "tuned_keys", "for_production", "TuningChild"]
+__all__ = [
+    "TUNING_REQUESTS",
+    "MIN_GAIN",
+    "Choice",
+    "load_staging",
+    "write_tuning_study",
+    "warm_starts",
+    "choose",
+    "production_capacity",
+    "tuned_keys",
+    "for_production",
+    "TuningChild",
+]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
 MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
@@ -47,14 +58,26 @@ def load_staging(path: Path, root: Path) -> StudyDefinition:
     return load_study(path, default_runs_dir=root / "tunings" / "runs")
 
 
-def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, name: str, slos: list[str],
-                       fingerprint: Fingerprint, seed: int, deployed: dict[str, Any] | None,
-                       prefix: str, trace: Path | None = None, engine_env: dict[str, str] | None = None) -> Path:
+def write_tuning_study(
+    template: Path,
+    staging: StudyDefinition,
+    path: Path,
+    *,
+    name: str,
+    slos: list[str],
+    fingerprint: Fingerprint,
+    seed: int,
+    deployed: dict[str, Any] | None,
+    prefix: str,
+    trace: Path | None = None,
+    engine_env: dict[str, str] | None = None,
+) -> Path:
     """The staging study with production's traffic (``trace``, or synthesized from ``fingerprint``) and
     production's config and earlier winners (studies named ``prefix``*) as baselines."""
     mml = staging.fixed.values.get("max_model_len")
-    workload = workload_from(fingerprint, requests=TUNING_REQUESTS, seed=seed,
-                             max_model_len=int(mml) if mml else None, name=name)
+    workload = workload_from(
+        fingerprint, requests=TUNING_REQUESTS, seed=seed, max_model_len=int(mml) if mml else None, name=name
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     requests = None  # a trace the operator configured: the staging study's own cap
     if trace is None:
@@ -71,10 +94,20 @@ def write_tuning_study(template: Path, staging: StudyDefinition, path: Path, *, 
         baselines["production"] = production
     for i, values in enumerate(warm_starts(staging, prefix, production)):
         baselines[f"earlier-{i + 1}"] = values
-    return derive_study(template, path, name=name, storage=staging.storage, runs_dir=staging.runs_dir, slos=slos,
-                        trace=trace, tokenizer=staging.workload.tokenizer,
-                        step_duration=f"{max(workload.span_s / 2, 10):.0f}s", baselines=baselines,
-                        engine_env=engine_env, requests=requests)
+    return derive_study(
+        template,
+        path,
+        name=name,
+        storage=staging.storage,
+        runs_dir=staging.runs_dir,
+        slos=slos,
+        trace=trace,
+        tokenizer=staging.workload.tokenizer,
+        step_duration=f"{max(workload.span_s / 2, 10):.0f}s",
+        baselines=baselines,
+        engine_env=engine_env,
+        requests=requests,
+    )
 
 
 def move_to_gpus(study_file: Path, gpus: str) -> None:
@@ -179,11 +212,15 @@ def choose(result: StudyResult) -> Choice:
     tie = ""
     if verdict.winner != verdict.baseline and not verdict.significant:
         pick = cands[verdict.baseline]
-        tie = (f"{verdict.winner} and {verdict.baseline} tie ({_differ(verdict.gain_rps, verdict.noise_rps)}), "
-               f"so {verdict.baseline} stands for both; ")
+        tie = (
+            f"{verdict.winner} and {verdict.baseline} tie ({_differ(verdict.gain_rps, verdict.noise_rps)}), "
+            f"so {verdict.baseline} stands for both; "
+        )
         if verdict.baseline_at_least:
-            tie = (f"{verdict.baseline} held every load it was offered, so {verdict.winner}'s lead over it is "
-                   f"unknown and {verdict.baseline} stands for both; ")
+            tie = (
+                f"{verdict.baseline} held every load it was offered, so {verdict.winner}'s lead over it is "
+                f"unknown and {verdict.baseline} stands for both; "
+            )
     tried = [r for r in result.records if r.baseline == "production"]
     prod = _measured_production(result)
     if not tried:  # the study's own verdict decides, said in the study's words
@@ -191,27 +228,39 @@ def choose(result: StudyResult) -> Choice:
     if any(pick["trial"] == r.number for r in tried):
         return Choice(None, f"{tie}production's own config won")
     ran = (result.trial(pick["trial"]).attrs.get(Attr.ENGINE_ARGS) or {}).get("values")
-    if ran is not None and any(_norm(ran) == _norm(r.attrs[Attr.ENGINE_ARGS].get("values") or {})
-                               for r in tried if r.attrs.get(Attr.ENGINE_ARGS)):
+    if ran is not None and any(
+        _norm(ran) == _norm(r.attrs[Attr.ENGINE_ARGS].get("values") or {})
+        for r in tried
+        if r.attrs.get(Attr.ENGINE_ARGS)
+    ):
         return Choice(None, f"{tie}{pick['label']} runs production's own config")
     if prod is None:  # interrupted or failed: production's capacity is unknown, not zero
         how = ", ".join(f"trial {r.number} {r.state.name.lower()}" for r in tried)
-        return Choice(None, f"{tie}production's baseline has no measurement ({how}): nothing to compare "
-                            f"{pick['label']} with; production's capacity is unknown, not 0")
+        return Choice(
+            None,
+            f"{tie}production's baseline has no measurement ({how}): nothing to compare "
+            f"{pick['label']} with; production's capacity is unknown, not 0",
+        )
     remeasured = verdict.candidate(prod.number)
     prod_cap = remeasured["median"] if remeasured else prod.capacity_rps
-    if (remeasured.get("at_least", False) if remeasured else prod.capacity_at_least):
-        return Choice(None, f"{tie}production's config held every load it was offered: {prod_cap:.2f} req/s is where "
-                            "its ladder stopped, not its capacity, so no gain over it can be stated (a higher "
-                            "[objective] max_steps in the staging study finds it)")
+    if remeasured.get("at_least", False) if remeasured else prod.capacity_at_least:
+        return Choice(
+            None,
+            f"{tie}production's config held every load it was offered: {prod_cap:.2f} req/s is where "
+            "its ladder stopped, not its capacity, so no gain over it can be stated (a higher "
+            "[objective] max_steps in the staging study finds it)",
+        )
     noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
     floor = max(noise, MIN_GAIN * prod_cap)
     gain = pick["median"] - prod_cap
     at_least = "at least " if pick.get("at_least") else ""
     numbers = f"{pick['label']} {at_least}{pick['median']:.2f} req/s vs production {prod_cap:.2f}"
     # the noise in words: which of the spread and the 2 % floor it is, and the spread itself either way
-    said = (f"{floor:.2f}: the spread of their re-measured runs" if noise >= MIN_GAIN * prod_cap
-            else f"{floor:.2f}: 2 % of production's capacity, more than their spread {noise:.2f}")
+    said = (
+        f"{floor:.2f}: the spread of their re-measured runs"
+        if noise >= MIN_GAIN * prod_cap
+        else f"{floor:.2f}: 2 % of production's capacity, more than their spread {noise:.2f}"
+    )
     if gain > floor:
         return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
     return Choice(None, f"{tie}{numbers}: {_differ(gain, floor, said)}")
@@ -221,8 +270,11 @@ def _measured_production(result: StudyResult) -> TrialRecord | None:
     """The `production` baseline trial that measured something: the last one to complete. An interrupted
     one (FAIL: the daemon stopped mid-trial) or one that crashed measured nothing, whatever its capacity
     attribute says; a re-run after it is the measurement."""
-    done = [r for r in result.records if r.baseline == "production" and r.state == TrialState.COMPLETE
-            and Attr.CAPACITY_RPS in r.attrs]
+    done = [
+        r
+        for r in result.records
+        if r.baseline == "production" and r.state == TrialState.COMPLETE and Attr.CAPACITY_RPS in r.attrs
+    ]
     return done[-1] if done else None
 
 
@@ -250,8 +302,13 @@ class TuningChild:
 
     def __init__(self, argv: list[str], study_file: Path, log: Path) -> None:
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen([*argv, "study", str(study_file)], stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(
+                [*argv, "study", str(study_file)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
 
     def poll(self) -> int | None:
         return self.proc.poll()

@@ -32,10 +32,17 @@ class Watcher:
     belong to the previous process and are dropped.
     """
 
-    def __init__(self, url: str, *, window_s: float = 300.0, keep: int = 256, timeout: float = 5.0,
-                 client: httpx.Client | None = None,
-                 scraper: Callable[[str, httpx.Client | None, float], Snapshot] = scrape,
-                 arrivals: ArrivalLog | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        window_s: float = 300.0,
+        keep: int = 256,
+        timeout: float = 5.0,
+        client: httpx.Client | None = None,
+        scraper: Callable[[str, httpx.Client | None, float], Snapshot] = scrape,
+        arrivals: ArrivalLog | None = None,
+    ) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be positive")
         self.url = url
@@ -90,7 +97,7 @@ class Watcher:
         ``min_span_s`` long at least); None when one level explains the whole window."""
         snaps = self._span()
         k = None if snaps is None else level_change(snaps, min_span_s)
-        return None if k is None else Window.between(snaps[k], snaps[-1], snaps[k + 1:-1])
+        return None if k is None else Window.between(snaps[k], snaps[-1], snaps[k + 1 : -1])
 
     def _span(self) -> list[Snapshot] | None:
         """The kept snapshots of the latest window, oldest first (None with fewer than two)."""

@@ -73,9 +73,11 @@ class Window:
         # Counting cur's totals as the window's traffic undercounts (what came before the restart
         # is lost) but never invents traffic, which is what Prometheus' rate() does too.
         reset = any(cur.counters.get(k, 0.0) < v for k, v in prev.counters.items()) or any(
-            k not in cur.histograms or cur.histograms[k].count < h.count
+            k not in cur.histograms
+            or cur.histograms[k].count < h.count
             or {le for le, _ in cur.histograms[k].buckets} != {le for le, _ in h.buckets}
-            for k, h in prev.histograms.items())
+            for k, h in prev.histograms.items()
+        )
         if reset:
             counters = dict(cur.counters)
             histograms = dict(cur.histograms)
@@ -84,16 +86,30 @@ class Window:
             seen = [cur]
         else:
             counters = {k: v - prev.counters.get(k, 0.0) for k, v in cur.counters.items()}
-            histograms = {k: h.minus(prev.histograms[k]) if k in prev.histograms else h
-                          for k, h in cur.histograms.items()}
+            histograms = {
+                k: h.minus(prev.histograms[k]) if k in prev.histograms else h for k, h in cur.histograms.items()
+            }
             start = dict(prev.gauges)
             seen = [prev, *inside, cur]
         queue = [s.gauges["waiting"] for s in seen if "waiting" in s.gauges]
         # the proxy's totals are the daemon's own count, so they hold across a production restart
-        proxy = (cur.proxy.arrived - prev.proxy.arrived, cur.proxy.failed - prev.proxy.failed) \
-            if cur.proxy is not None and prev.proxy is not None else (None, None)
-        return cls(prev.t, cur.t, counters, histograms, dict(cur.gauges), reset, start,
-                   min(queue) if len(queue) == len(seen) else None, len(seen), *proxy)
+        proxy = (
+            (cur.proxy.arrived - prev.proxy.arrived, cur.proxy.failed - prev.proxy.failed)
+            if cur.proxy is not None and prev.proxy is not None
+            else (None, None)
+        )
+        return cls(
+            prev.t,
+            cur.t,
+            counters,
+            histograms,
+            dict(cur.gauges),
+            reset,
+            start,
+            min(queue) if len(queue) == len(seen) else None,
+            len(seen),
+            *proxy,
+        )
 
     @property
     def dt(self) -> float:
@@ -227,8 +243,10 @@ class Window:
                 # value may lie under it (a p95 TPOT read as 48.75 ms in a 25-50 ms bucket, measured 33 ms by
                 # the clients). A breach is called only when the whole bucket misses: no false alarm.
                 holds = True
-                notes.append(f"p{slo.percentile:g} lies in {bucket[0] * 1000:g}-{bucket[1] * 1000:g} ms, across "
-                             "the target: not called a breach")
+                notes.append(
+                    f"p{slo.percentile:g} lies in {bucket[0] * 1000:g}-{bucket[1] * 1000:g} ms, across "
+                    "the target: not called a breach"
+                )
             if slo.metric == "itl":
                 # our ITL SLO is per request (each request's own percentile of its gaps); vLLM pools
                 # every gap of every request, so long requests weigh more here
@@ -236,8 +254,13 @@ class Window:
             return SLOEstimate(slo, value, holds, n, bucket, "; ".join(notes))
         requests = self.requests
         if slo.metric == "goodput":
-            return SLOEstimate(slo, None, None, requests,
-                               note="goodput needs each request's latencies together; /metrics has only histograms")
+            return SLOEstimate(
+                slo,
+                None,
+                None,
+                requests,
+                note="goodput needs each request's latencies together; /metrics has only histograms",
+            )
         if slo.metric == "throughput":
             value = self._per_second("generation_tokens")
         else:  # rps: requests served, not aborted or failed
@@ -245,8 +268,13 @@ class Window:
             value = served / self.dt if self.dt > 0 and "requests" in self.counters else None
         # In production a rate is what the traffic asked for, not what the engine can do: a quiet
         # hour "misses" a throughput floor without anything being wrong. The daemon decides.
-        return SLOEstimate(slo, value, None if value is None else slo.holds(value), requests,
-                           note="a production rate is bounded by demand, not only by the engine")
+        return SLOEstimate(
+            slo,
+            value,
+            None if value is None else slo.holds(value),
+            requests,
+            note="a production rate is bounded by demand, not only by the engine",
+        )
 
 
 def level_change(snapshots: Sequence[Snapshot], min_span_s: float) -> int | None:

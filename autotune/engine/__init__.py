@@ -7,6 +7,17 @@ from autotune.engine.kind import EngineKind, get_kind, kind_for_command, registe
 from autotune.engine.launcher import Engine, EngineState, LaunchSpec
 
 __all__ = [
-    "EngineArgs", "EngineCommand", "Failure", "FailureClass", "FlagTable", "check_args", "EngineKind", "get_kind",
-    "kind_for_command", "register", "Engine", "EngineState", "LaunchSpec",
+    "EngineArgs",
+    "EngineCommand",
+    "Failure",
+    "FailureClass",
+    "FlagTable",
+    "check_args",
+    "EngineKind",
+    "get_kind",
+    "kind_for_command",
+    "register",
+    "Engine",
+    "EngineState",
+    "LaunchSpec",
 ]

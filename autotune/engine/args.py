@@ -131,12 +131,21 @@ class EngineCommand:
         if self.allow_trust_remote_code:
             return
         if any(table.resolve(word) == (TRUST_REMOTE_CODE, True) for word in argv):
-            raise ConfigError("trust_remote_code runs code from the model's repository; "
-                              "set allow_trust_remote_code = true in the study (bench: --allow-trust-remote-code) "
-                              "to permit it")
+            raise ConfigError(
+                "trust_remote_code runs code from the model's repository; "
+                "set allow_trust_remote_code = true in the study (bench: --allow-trust-remote-code) "
+                "to permit it"
+            )
 
     def launch_spec(self, args: EngineArgs, table: FlagTable, log_dir: Path, startup_timeout: float) -> LaunchSpec:
         """Everything the launcher needs to run ``args``, the flags checked first."""
-        return LaunchSpec(argv=self.argv(args, table), port=self.port, host=self.host, env=dict(args.env),
-                          log_dir=log_dir, startup_timeout=startup_timeout, nice=self.nice,
-                          failure_patterns=list(self.engine_kind.failure_patterns))
+        return LaunchSpec(
+            argv=self.argv(args, table),
+            port=self.port,
+            host=self.host,
+            env=dict(args.env),
+            log_dir=log_dir,
+            startup_timeout=startup_timeout,
+            nice=self.nice,
+            failure_patterns=list(self.engine_kind.failure_patterns),
+        )

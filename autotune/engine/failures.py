@@ -29,10 +29,7 @@ Patterns = list[tuple["FailureClass", re.Pattern[str]]]
 
 # Every engine's: the port was taken between our check and its bind.
 COMMON_PATTERNS: Patterns = [
-    (FailureClass.PORT_IN_USE, re.compile(p)) for p in (
-        r"\[Errno 98\]",
-        r"[Aa]ddress already in use",
-    )
+    (FailureClass.PORT_IN_USE, re.compile(p)) for p in (r"\[Errno 98\]", r"[Aa]ddress already in use")
 ]
 
 EXCERPT_BEFORE = 12  # lines of context kept before the line that proves the class
@@ -84,7 +81,7 @@ class LogWatch:
             return None
         cls = self._classify(line)
         if cls is not None:
-            before = list(self.recent)[-(EXCERPT_BEFORE + 1):]
+            before = list(self.recent)[-(EXCERPT_BEFORE + 1) :]
             self.found = (cls, line.strip(), "\n".join(before))
             return cls, line
         return None
@@ -108,6 +105,7 @@ def classify_exit(returncode: int, watch: LogWatch) -> Failure:
         return Failure(FailureClass.INVALID_ARGS, "exited with code 2 (usage error)", watch.tail(), returncode)
     if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
         # No traceback and a SIGKILL we did not send: the host's OOM killer, nearly always.
-        return Failure(FailureClass.OOM, "killed by SIGKILL with no traceback (host out of memory?)",
-                       watch.tail(), returncode)
+        return Failure(
+            FailureClass.OOM, "killed by SIGKILL with no traceback (host out of memory?)", watch.tail(), returncode
+        )
     return Failure(FailureClass.CRASHED, f"exited with code {returncode}", watch.tail(), returncode)

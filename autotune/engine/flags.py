@@ -53,11 +53,20 @@ class FlagTable:
         return name, not (spelling.startswith("--no-") and spelling != name)
 
     @classmethod
-    def from_dump(cls, dump: dict, source: str, removed: Mapping[str, str] = {}, managed: Mapping[str, str] = {},
-                  engine: str = "the engine", help_command: str = "the engine's --help") -> FlagTable:
+    def from_dump(
+        cls,
+        dump: dict,
+        source: str,
+        removed: Mapping[str, str] = {},
+        managed: Mapping[str, str] = {},
+        engine: str = "the engine",
+        help_command: str = "the engine's --help",
+    ) -> FlagTable:
         flags: dict[str, Flag] = {}
         for row in dump["flags"]:
-            f = Flag(row["name"], row["kind"], row["type"], tuple(row.get("choices") or ()), tuple(row.get("aliases") or ()))
+            f = Flag(
+                row["name"], row["kind"], row["type"], tuple(row.get("choices") or ()), tuple(row.get("aliases") or ())
+            )
             for s in (f.name, *f.aliases):
                 flags[s] = f
             if f.kind == "bool":
@@ -81,6 +90,7 @@ def flag_of(dest: str) -> str:
 
 # --- checking an argv ----------------------------------------------------------------------
 
+
 def _hint(spelling: str, table: FlagTable) -> str:
     if spelling in table.removed:
         return table.removed[spelling]
@@ -100,8 +110,10 @@ def check_args(args: list[str], table: FlagTable) -> list[tuple[Flag, str, str |
     while i < len(args):
         tok = args[i]
         if not tok.startswith("-") or tok == "-":
-            raise ConfigError(f"unexpected engine argument {tok!r}: engine args are --flag [value] pairs; "
-                              "the model is given separately")
+            raise ConfigError(
+                f"unexpected engine argument {tok!r}: engine args are --flag [value] pairs; "
+                "the model is given separately"
+            )
         spelling, eq, inline = tok.partition("=")
         flag = table.lookup(spelling)
         managed = table.managed.get(flag.name if flag else normalize(spelling)) or table.managed.get(spelling)
@@ -116,8 +128,10 @@ def check_args(args: list[str], table: FlagTable) -> list[tuple[Flag, str, str |
             value = args[i + 1]
             i += 1
         elif flag.kind != "value" and eq:
-            raise ConfigError(f"engine flag {spelling} is a switch and takes no value; "
-                              f"write {spelling}" + (f" or --no-{flag.name[2:]}" if flag.kind == "bool" else ""))
+            raise ConfigError(
+                f"engine flag {spelling} is a switch and takes no value; "
+                f"write {spelling}" + (f" or --no-{flag.name[2:]}" if flag.kind == "bool" else "")
+            )
         if value is not None:
             _check_value(flag, spelling, value)
         out.append((flag, spelling, value))

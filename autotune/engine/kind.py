@@ -95,7 +95,9 @@ class EngineKind:
         """The KV block sizes the platform accepts; None: no constraint."""
         return None
 
-    def default_space(self, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> dict[str, dict[str, Any]]:
+    def default_space(
+        self, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = ""
+    ) -> dict[str, dict[str, Any]]:
         return {}
 
     def apply_rules(self, flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
@@ -116,8 +118,9 @@ class EngineKind:
         """
         return None
 
-    def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
-                 device_memory_bytes: int | None = None) -> str | None:
+    def precheck(
+        self, shape: ModelShape, args: EngineArgs, platform: str, device_memory_bytes: int | None = None
+    ) -> str | None:
         """The reason a candidate provably cannot start (None: it may). Only what is certain."""
         return None
 

@@ -47,7 +47,15 @@ from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, 
 from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
 
-__all__ = ["EngineState", "LaunchSpec", "Engine", "port_is_free", "stop_on_signals", "stop_received", "raise_if_interrupted"]
+__all__ = [
+    "EngineState",
+    "LaunchSpec",
+    "Engine",
+    "port_is_free",
+    "stop_on_signals",
+    "stop_received",
+    "raise_if_interrupted",
+]
 
 
 class EngineState(enum.Enum):
@@ -249,8 +257,12 @@ class Engine:
             with _uninterrupted():
                 reap_leftovers(self._state_dir)
                 if not port_is_free(self.spec.host, self.spec.port):
-                    self._fail(Failure(FailureClass.PORT_IN_USE, f"port {self.spec.port} on {self.spec.host} is "
-                                       f"already in use{_holder_of(self.spec.port)}"))
+                    self._fail(
+                        Failure(
+                            FailureClass.PORT_IN_USE,
+                            f"port {self.spec.port} on {self.spec.host} is already in use{_holder_of(self.spec.port)}",
+                        )
+                    )
                 self._launch()
             self._wait_ready()
         except BaseException:  # KeyboardInterrupt included: never leave the engine behind
@@ -263,8 +275,12 @@ class Engine:
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self._proc = subprocess.Popen(
-            self.spec.argv, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            self.spec.argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self._pgid = self._proc.pid  # start_new_session: the engine leads its own group
         _RUNNING.add(self)
@@ -272,10 +288,18 @@ class Engine:
             # set before vLLM spawns its engine core and workers (seconds later), which inherit it
             psutil.Process(self._proc.pid).nice(self.spec.nice)
         me = psutil.Process()
-        write_record(self._state_dir, EngineRecord(
-            pid=self._proc.pid, pgid=self._pgid, create_time=psutil.Process(self._proc.pid).create_time(),
-            owner_pid=me.pid, owner_create_time=me.create_time(), port=self.spec.port, argv=list(self.spec.argv),
-        ))
+        write_record(
+            self._state_dir,
+            EngineRecord(
+                pid=self._proc.pid,
+                pgid=self._pgid,
+                create_time=psutil.Process(self._proc.pid).create_time(),
+                owner_pid=me.pid,
+                owner_create_time=me.create_time(),
+                port=self.spec.port,
+                argv=list(self.spec.argv),
+            ),
+        )
         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
             log = open(self.log_paths[name], "wb")
             self._logs.append(log)
@@ -321,8 +345,11 @@ class Engine:
                 if now >= deadline:
                     with self._watch_lock:
                         tail = self._watch.tail()
-                    self._fail(Failure(FailureClass.STARTUP_TIMEOUT,
-                                       f"not healthy after {self.spec.startup_timeout:.0f} s", tail))
+                    self._fail(
+                        Failure(
+                            FailureClass.STARTUP_TIMEOUT, f"not healthy after {self.spec.startup_timeout:.0f} s", tail
+                        )
+                    )
 
     def _fail_from_log(self) -> None:
         # The proof usually ends a burst (a traceback, a pydantic error): let the rest of the burst land

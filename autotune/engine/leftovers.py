@@ -110,9 +110,13 @@ def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
             deadline = time.monotonic() + grace
             while group_members(rec.pgid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        _log.warning("autotune: reaped %s: pid %d, port %d, left behind by autotune pid %d",
-                     "a leftover engine" if alive else "the record of a leftover engine that had exited",
-                     rec.pid, rec.port, rec.owner_pid)
+        _log.warning(
+            "autotune: reaped %s: pid %d, port %d, left behind by autotune pid %d",
+            "a leftover engine" if alive else "the record of a leftover engine that had exited",
+            rec.pid,
+            rec.port,
+            rec.owner_pid,
+        )
         path.unlink(missing_ok=True)
         reaped.append(rec)
     return reaped

@@ -45,8 +45,14 @@ class ModelFiles:
         return f"hf download {self.name} {' '.join(SMALL_FILES)}"
 
 
-def locate(name: str, revision: str | None = None, *, download: bool = False,
-           cache_dir: str | Path | None = None, endpoint: str | None = None) -> ModelFiles:
+def locate(
+    name: str,
+    revision: str | None = None,
+    *,
+    download: bool = False,
+    cache_dir: str | Path | None = None,
+    endpoint: str | None = None,
+) -> ModelFiles:
     """Find a model as vLLM would: a local directory, else the Hugging Face cache, else (``download``) the Hub.
 
     The cache lookup never touches the network; ``download`` fetches only :data:`SMALL_FILES` with
@@ -69,31 +75,48 @@ def locate(name: str, revision: str | None = None, *, download: bool = False,
     cached = huggingface_hub.try_to_load_from_cache(name, "config.json", cache_dir=cache, revision=revision)
     if isinstance(cached, str):
         snapshot = Path(cached).parent
-        return ModelFiles(name, snapshot, f"model {name}: the Hugging Face cache {cache}{at} "
-                                          f"(snapshot {snapshot.name[:12]})")
+        return ModelFiles(
+            name, snapshot, f"model {name}: the Hugging Face cache {cache}{at} (snapshot {snapshot.name[:12]})"
+        )
     missing = f"model {name}: not a local directory, and not in the Hugging Face cache {cache}{at}"
     if not download:
         return ModelFiles(name, None, missing)
     hub = endpoint or constants.ENDPOINT
     try:
-        files = [huggingface_hub.hf_hub_download(name, "config.json", revision=revision, cache_dir=cache,
-                                                 endpoint=endpoint)]
+        files = [
+            huggingface_hub.hf_hub_download(name, "config.json", revision=revision, cache_dir=cache, endpoint=endpoint)
+        ]
         for extra in SMALL_FILES[1:]:
             try:
-                files.append(huggingface_hub.hf_hub_download(name, extra, revision=revision, cache_dir=cache,
-                                                             endpoint=endpoint))
+                files.append(
+                    huggingface_hub.hf_hub_download(name, extra, revision=revision, cache_dir=cache, endpoint=endpoint)
+                )
             except huggingface_hub.errors.EntryNotFoundError:
                 pass  # a model without a fast tokenizer: counted with ~4 bytes a token where that is allowed
     except (OSError, huggingface_hub.errors.HfHubHTTPError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         return ModelFiles(name, None, f"{missing}, and downloading its config.json from {hub} failed: {why}")
     snapshot = Path(files[0]).parent
-    return ModelFiles(name, snapshot, f"model {name}: downloaded {', '.join(Path(f).name for f in files)} (not the "
-                                      f"weights) from {hub}{at} into the Hugging Face cache {cache}")
+    return ModelFiles(
+        name,
+        snapshot,
+        f"model {name}: downloaded {', '.join(Path(f).name for f in files)} (not the "
+        f"weights) from {hub}{at} into the Hugging Face cache {cache}",
+    )
 
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
-               "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_ds_mla": 1,
+    "int8": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -121,8 +144,12 @@ class ModelShape:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
             max_position=int(cfg.get("max_position_embeddings") or 0),
-            weights_bytes=0, heads=heads, hidden=hidden, intermediate=int(cfg.get("intermediate_size") or 0),
-            vocab=int(cfg.get("vocab_size") or 0), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            weights_bytes=0,
+            heads=heads,
+            hidden=hidden,
+            intermediate=int(cfg.get("intermediate_size") or 0),
+            vocab=int(cfg.get("vocab_size") or 0),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
         est = shape.params * DTYPE_BYTES.get(shape.dtype, 2)
         return shape.with_weights(weights_bytes if weights_bytes else est)

@@ -7,6 +7,21 @@ from autotune.measure.session import Outcome, Step, measure_engine, measure_url
 from autotune.measure.slo import SLO, Verdict, parse_slo, parse_slos
 
 __all__ = [
-    "RequestResult", "Summary", "summarize", "FixedLoad", "Ladder", "LoadProfile", "Replay", "ReplayOptions",
-    "run_replay", "Outcome", "Step", "measure_engine", "measure_url", "SLO", "Verdict", "parse_slo", "parse_slos",
+    "RequestResult",
+    "Summary",
+    "summarize",
+    "FixedLoad",
+    "Ladder",
+    "LoadProfile",
+    "Replay",
+    "ReplayOptions",
+    "run_replay",
+    "Outcome",
+    "Step",
+    "measure_engine",
+    "measure_url",
+    "SLO",
+    "Verdict",
+    "parse_slo",
+    "parse_slos",
 ]

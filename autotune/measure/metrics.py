@@ -30,6 +30,7 @@ PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 SAME_READ_S = 1e-4  # two SSE events closer than this came in one read from the socket, not 0.1 ms apart
 
+
 @dataclass
 class RequestResult:
     index: int  # position in the workload

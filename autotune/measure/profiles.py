@@ -84,8 +84,9 @@ class Race(LoadProfile):
         return bool(tried) and not tried[0][1]
 
 
-def next_load(tried: Tried, start: float, max_steps: int, resolution: float, gallop: bool = False,
-              level_strides: int = 1) -> float | None:
+def next_load(
+    tried: Tried, start: float, max_steps: int, resolution: float, gallop: bool = False, level_strides: int = 1
+) -> float | None:
     """The ladder's next load, or None when the capacity is known well enough. A gallop strides by the resolution
     ``level_strides`` times before each stride squares the last."""
     if len(tried) >= max_steps:

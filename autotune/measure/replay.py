@@ -120,8 +120,14 @@ async def discover_model(client: httpx.AsyncClient) -> str:
         raise MeasurementError(f"cannot list the served models at {client.base_url}/v1/models: {e}") from e
 
 
-async def _stream_one(client: httpx.AsyncClient, r: Request, model: str, result: RequestResult,
-                      max_tokens: int | None = None, request_id: str | None = None) -> None:
+async def _stream_one(
+    client: httpx.AsyncClient,
+    r: Request,
+    model: str,
+    result: RequestResult,
+    max_tokens: int | None = None,
+    request_id: str | None = None,
+) -> None:
     path, body = payload_for(r, model, max_tokens)
     content = json.dumps(body).encode()
     headers = {"content-type": "application/json"}
@@ -185,8 +191,13 @@ async def warm_up(client: httpx.AsyncClient, workload: Workload, model: str, n: 
         raise MeasurementError(f"every warm-up request failed; the first: {results[0].error}")
 
 
-async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),
-                 on_result: Callable[[RequestResult], None] | None = None, give_up: GiveUp | None = None) -> Replay:
+async def replay(
+    url: str,
+    workload: Workload,
+    options: ReplayOptions = ReplayOptions(),
+    on_result: Callable[[RequestResult], None] | None = None,
+    give_up: GiveUp | None = None,
+) -> Replay:
     """Replay ``workload`` against ``url``. ``give_up``, asked every GIVE_UP_EVERY_S, may stop it early: the
     requests not sent yet are left out, those in flight are closed (which aborts them in vLLM) and marked as
     cut, and ``Replay.cut`` says why."""
@@ -203,8 +214,9 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
             if sem is not None:
                 await sem.acquire()
             try:
-                res = RequestResult(i, scheduled, time.perf_counter() - t0_perf, False,
-                                    expected_output_tokens=r.output_tokens)
+                res = RequestResult(
+                    i, scheduled, time.perf_counter() - t0_perf, False, expected_output_tokens=r.output_tokens
+                )
                 results.append(res)
                 await _stream_one(client, r, model, res, request_id=f"{run_id}-{i}")
                 res.elapsed = time.perf_counter() - t0_perf - res.sent_s
@@ -263,8 +275,13 @@ async def replay(url: str, workload: Workload, options: ReplayOptions = ReplayOp
     return Replay(model, started_at, results, wall_s, warmup_s, cut)
 
 
-def run_replay(url: str, workload: Workload, options: ReplayOptions = ReplayOptions(),
-               on_result: Callable[[RequestResult], None] | None = None, give_up: GiveUp | None = None) -> Replay:
+def run_replay(
+    url: str,
+    workload: Workload,
+    options: ReplayOptions = ReplayOptions(),
+    on_result: Callable[[RequestResult], None] | None = None,
+    give_up: GiveUp | None = None,
+) -> Replay:
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         try:
             return runner.run(replay(url, workload, options, on_result, give_up))

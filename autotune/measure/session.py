@@ -88,12 +88,23 @@ class Step:
     def to_json(self) -> dict[str, Any]:
         s = self.summary
         return {
-            "load": self.load, "rate": self.rate, "passed": self.passed, "client_kept_up": self.client_kept_up,
+            "load": self.load,
+            "rate": self.rate,
+            "passed": self.passed,
+            "client_kept_up": self.client_kept_up,
             "offered_share": self.offered_share,
-            "replay_s": self.replay_s, "cut": self.cut,
-            "completed": s.completed, "failed": s.failed, "request_throughput": s.request_throughput,
-            "output_throughput": s.output_throughput, "goodput": s.goodput, "slo_attainment": s.slo_attainment,
-            "ttft_p95": s.ttft.p95, "tpot_p95": s.tpot.p95, "e2e_p95": s.e2e.p95, "send_lag_p99": s.send_lag.p99,
+            "replay_s": self.replay_s,
+            "cut": self.cut,
+            "completed": s.completed,
+            "failed": s.failed,
+            "request_throughput": s.request_throughput,
+            "output_throughput": s.output_throughput,
+            "goodput": s.goodput,
+            "slo_attainment": s.slo_attainment,
+            "ttft_p95": s.ttft.p95,
+            "tpot_p95": s.tpot.p95,
+            "e2e_p95": s.e2e.p95,
+            "send_lag_p99": s.send_lag.p99,
             "slos": [v.to_json() for v in self.verdicts],
         }
 
@@ -174,8 +185,13 @@ class Outcome:
         return [r.to_json() for s in self.steps for r in s.results]
 
 
-def replay_on(engine: Engine, workload: Workload, options: ReplayOptions, on_result: OnResult | None = None,
-              give_up: GiveUp | None = None) -> tuple[Replay | None, Failure | None]:
+def replay_on(
+    engine: Engine,
+    workload: Workload,
+    options: ReplayOptions,
+    on_result: OnResult | None = None,
+    give_up: GiveUp | None = None,
+) -> tuple[Replay | None, Failure | None]:
     """Replay against a running engine; (replay, None), or (what was measured, why the engine died)."""
     try:
         replay = run_replay(engine.url, workload, options, on_result, give_up)
@@ -189,13 +205,30 @@ def replay_on(engine: Engine, workload: Workload, options: ReplayOptions, on_res
 
 def _step(load: float, workload: Workload, replay: Replay, slos: list[SLO], seconds: float) -> Step:
     summary = summarize(replay.results, slos)
-    return Step(load, workload.load_rate, summary, summary.verdicts(slos), seconds, replay.results, replay.model,
-                replay.warmup_s, replay.wall_s, replay.cut)
+    return Step(
+        load,
+        workload.load_rate,
+        summary,
+        summary.verdicts(slos),
+        seconds,
+        replay.results,
+        replay.model,
+        replay.warmup_s,
+        replay.wall_s,
+        replay.cut,
+    )
 
 
-def _run_steps(out: Outcome, replay_at: Callable[[Workload, ReplayOptions], tuple[Replay | None, Failure | None]],
-               workload_at: Callable[[float], Workload], slos: list[SLO], profile: LoadProfile,
-               options: ReplayOptions, on_phase: OnPhase, on_step: Callable[[Outcome], bool]) -> None:
+def _run_steps(
+    out: Outcome,
+    replay_at: Callable[[Workload, ReplayOptions], tuple[Replay | None, Failure | None]],
+    workload_at: Callable[[float], Workload],
+    slos: list[SLO],
+    profile: LoadProfile,
+    options: ReplayOptions,
+    on_phase: OnPhase,
+    on_step: Callable[[Outcome], bool],
+) -> None:
     while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
         workload = workload_at(load)
         on_phase(f"load step {len(out.steps) + 1}: {workload.load_rate:.2f} req/s")
@@ -211,12 +244,23 @@ def _run_steps(out: Outcome, replay_at: Callable[[Workload, ReplayOptions], tupl
             return
 
 
-def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
-                   workload_at: Callable[[float], Workload], slos: list[SLO], profile: LoadProfile, *,
-                   log_dir: Path, startup_timeout: float = 900.0, replay: ReplayOptions = ReplayOptions(),
-                   requests_file: Path | None = None, on_phase: OnPhase = lambda _: None,
-                   on_step: Callable[[Outcome], bool] = lambda _: False,
-                   on_result: OnResult | None = None, cut_lost_steps: bool = False) -> Outcome:
+def measure_engine(
+    command: EngineCommand,
+    args: EngineArgs,
+    table: FlagTable,
+    workload_at: Callable[[float], Workload],
+    slos: list[SLO],
+    profile: LoadProfile,
+    *,
+    log_dir: Path,
+    startup_timeout: float = 900.0,
+    replay: ReplayOptions = ReplayOptions(),
+    requests_file: Path | None = None,
+    on_phase: OnPhase = lambda _: None,
+    on_step: Callable[[Outcome], bool] = lambda _: False,
+    on_result: OnResult | None = None,
+    cut_lost_steps: bool = False,
+) -> Outcome:
     """Start the engine with ``args`` (its flags checked first), step the load, stop it.
 
     ``cut_lost_steps``: stop a load step as soon as it cannot pass any more (a failed request, a TTFT or E2E SLO
@@ -237,8 +281,16 @@ def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
             return out
         out.engine_ready_s = engine.ready_s or 0.0
         give_up = (lambda results, total, now: lost_already(slos, results, total, now)) if cut_lost_steps else None
-        _run_steps(out, lambda w, o: replay_on(engine, w, o, on_result, give_up), workload_at, slos, profile, replay,
-                   on_phase, on_step)
+        _run_steps(
+            out,
+            lambda w, o: replay_on(engine, w, o, on_result, give_up),
+            workload_at,
+            slos,
+            profile,
+            replay,
+            on_phase,
+            on_step,
+        )
         return out
     finally:
         on_phase("stopping")
@@ -253,13 +305,27 @@ def measure_engine(command: EngineCommand, args: EngineArgs, table: FlagTable,
                         f.write(json.dumps({"load": step.load, **r.to_json()}) + "\n")
 
 
-def measure_url(url: str, workload_at: Callable[[float], Workload], slos: list[SLO],
-                options: ReplayOptions = ReplayOptions(), profile: LoadProfile = FixedLoad(), *,
-                on_result: OnResult | None = None) -> Outcome:
+def measure_url(
+    url: str,
+    workload_at: Callable[[float], Workload],
+    slos: list[SLO],
+    options: ReplayOptions = ReplayOptions(),
+    profile: LoadProfile = FixedLoad(),
+    *,
+    on_result: OnResult | None = None,
+) -> Outcome:
     """Replay against a server someone else runs (MeasurementError when nothing could be measured)."""
     t0 = time.monotonic()
     out = Outcome(url=url, started_at=time.time())
-    _run_steps(out, lambda w, o: (run_replay(url, w, o, on_result), None), workload_at, slos, profile, options,
-               lambda _: None, lambda _: False)
+    _run_steps(
+        out,
+        lambda w, o: (run_replay(url, w, o, on_result), None),
+        workload_at,
+        slos,
+        profile,
+        options,
+        lambda _: None,
+        lambda _: False,
+    )
     out.wall_s = time.monotonic() - t0
     return out

@@ -96,14 +96,11 @@ def parse_slo(text: str) -> SLO:
     m = _SLO_RE.match(raw)
     if m is None:
         _explain_no_match(raw)
-    stat, metric, op, value, unit = (
-        m["stat"], m["metric"].lower(), m["op"], float(m["value"]), m["unit"].lower()
-    )
+    stat, metric, op, value, unit = (m["stat"], m["metric"].lower(), m["op"], float(m["value"]), m["unit"].lower())
     metric = _ALIASES.get(metric, metric)
     if metric not in LATENCY_METRICS + RATE_METRICS:
         raise SLOSyntaxError(
-            f"unknown SLO metric {m['metric']!r} in {raw!r}; use one of "
-            f"{', '.join(LATENCY_METRICS + RATE_METRICS)}"
+            f"unknown SLO metric {m['metric']!r} in {raw!r}; use one of {', '.join(LATENCY_METRICS + RATE_METRICS)}"
         )
     upper = op.startswith("<")
     if metric in LATENCY_METRICS:
@@ -123,7 +120,9 @@ def parse_slo(text: str) -> SLO:
         text = f"{stat_text}:{metric}<{value:g}{unit}"
         return SLO(metric, True, target, percentile, text)
     if stat is not None:
-        raise SLOSyntaxError(f"{raw!r}: {metric} is a rate over the whole run and has no percentile; write '{metric}>{value:g}'")
+        raise SLOSyntaxError(
+            f"{raw!r}: {metric} is a rate over the whole run and has no percentile; write '{metric}>{value:g}'"
+        )
     if upper:
         raise SLOSyntaxError(f"{raw!r} caps {metric} from above; rate SLOs are floors: --slo '{metric}>{value:g}'")
     units = _RATE_UNITS[metric]

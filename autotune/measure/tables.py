@@ -39,13 +39,20 @@ def outcome_tables(out: Outcome, engine_start: str | None) -> list[Table]:
     tables = [head]
     lat = Table(title="latency (ms)")
     if s.itl_same_read >= 0.1:  # a 0.0 ms median without a word puzzles a reader
-        lat.caption = (f"ITL: the gap between streamed events, as vllm bench serve measures it; {s.itl_same_read:.0%} "
-                       "of gaps are under 0.1 ms: events that arrived together in one read (the server sent several "
-                       "at once, e.g. --stream-interval); TPOT is per token")
+        lat.caption = (
+            f"ITL: the gap between streamed events, as vllm bench serve measures it; {s.itl_same_read:.0%} "
+            "of gaps are under 0.1 ms: events that arrived together in one read (the server sent several "
+            "at once, e.g. --stream-interval); TPOT is per token"
+        )
     for col in ("metric", "mean", "p50", "p90", "p95", "p99", "n"):
         lat.add_column(col, justify="right" if col != "metric" else "left")
-    dists: list[tuple[str, Distribution]] = [("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e),
-                                             ("send lag", s.send_lag)]
+    dists: list[tuple[str, Distribution]] = [
+        ("TTFT", s.ttft),
+        ("TPOT", s.tpot),
+        ("ITL", s.itl),
+        ("E2E", s.e2e),
+        ("send lag", s.send_lag),
+    ]
     for name, d in dists:
         lat.add_row(name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p95), _ms(d.p99), str(d.count))
     tables.append(lat)

@@ -87,8 +87,9 @@ class Color:
             raise PublishError(f"stop command of {self.name} {list(self.stop_argv)} failed: {e}") from e
         if r.returncode != 0:
             tail = (r.stderr or r.stdout).strip().splitlines()[-2:]
-            raise PublishError(f"stop command of {self.name} {list(self.stop_argv)} exited {r.returncode}: "
-                               f"{' | '.join(tail)}")
+            raise PublishError(
+                f"stop command of {self.name} {list(self.stop_argv)} exited {r.returncode}: {' | '.join(tail)}"
+            )
 
 
 @dataclass
@@ -127,24 +128,40 @@ class BlueGreenTarget:
             config, color_url = c.string("config"), c.string("url")
             gpus = c.string("gpus", None)
             if gpus is not None and not re.fullmatch(r"\d+(,\d+)*", gpus):
-                raise c.wrong("gpus", "the color's CUDA_VISIBLE_DEVICES, e.g. \"0\" or \"2,3\"")
+                raise c.wrong("gpus", 'the color\'s CUDA_VISIBLE_DEVICES, e.g. "0" or "2,3"')
             start, stop = c.strings("start"), c.strings("stop")
             for key, argv in (("start", start), ("stop", stop)):
                 if not argv:
-                    raise c.wrong(key, f"an argv such as [\"systemctl\", \"{key if key == 'stop' else 'restart'}\", "
-                                       f"\"vllm@{name}.service\"]")
+                    raise c.wrong(
+                        key,
+                        f'an argv such as ["systemctl", "{key if key == "stop" else "restart"}", '
+                        f'"vllm@{name}.service"]',
+                    )
             if urlsplit(color_url).port is None:
-                raise c.wrong("url", "the color's own URL with its port, e.g. \"http://127.0.0.1:8001\"")
+                raise c.wrong("url", 'the color\'s own URL with its port, e.g. "http://127.0.0.1:8001"')
             if flags is None and build:
                 flags = engine.flag_table(["vllm"])
-            server = VllmConfigTarget(Path(config), model, tuple(start), color_url.rstrip("/"), flags,  # type: ignore[arg-type]
-                                      health_timeout_s=health, restart_timeout_s=health + 120, engine=engine)
+            server = VllmConfigTarget(
+                Path(config),
+                model,
+                tuple(start),
+                color_url.rstrip("/"),
+                flags,  # type: ignore[arg-type]
+                health_timeout_s=health,
+                restart_timeout_s=health + 120,
+                engine=engine,
+            )
             colors[name] = Color(name, server, tuple(stop), gpus)
         if colors["blue"].backend == colors["green"].backend:
-            raise ConfigError(f"{where}: blue and green have the same address {colors['blue'].backend}: give each "
-                              "its own port (and GPUs)")
-        proxy = create_proxy(url, t.table("proxy", required=True).data, f"{where[:-1]}.proxy]"
-                             if where.endswith("]") else f"{where}.proxy")
+            raise ConfigError(
+                f"{where}: blue and green have the same address {colors['blue'].backend}: give each "
+                "its own port (and GPUs)"
+            )
+        proxy = create_proxy(
+            url,
+            t.table("proxy", required=True).data,
+            f"{where[:-1]}.proxy]" if where.endswith("]") else f"{where}.proxy",
+        )
         return cls(url.rstrip("/"), colors, proxy, window)
 
     # -- which color serves ----------------------------------------------------------------------
@@ -156,8 +173,10 @@ class BlueGreenTarget:
             if color.backend == backend:
                 return color
         have = ", ".join(f"{c.name} {c.backend}" for c in self.colors.values())
-        raise PublishError(f"the proxy's upstream names {backend or 'no server'}, neither color ({have}): write "
-                           f"`server {self.colors['blue'].backend};` into it for blue, then reload the proxy")
+        raise PublishError(
+            f"the proxy's upstream names {backend or 'no server'}, neither color ({have}): write "
+            f"`server {self.colors['blue'].backend};` into it for blue, then reload the proxy"
+        )
 
     def idle_gpus(self) -> str | None:
         """The GPUs no color serves from now: where staging runs between publishes (None: not shared)."""
@@ -199,8 +218,12 @@ class BlueGreenTarget:
             while True:
                 try:
                     text = client.get(f"{color.url}/metrics").text
-                    held = sum(float(sample.value) for family in text_string_to_metric_families(text)
-                               for sample in family.samples if sample.name in _IN_FLIGHT)
+                    held = sum(
+                        float(sample.value)
+                        for family in text_string_to_metric_families(text)
+                        for sample in family.samples
+                        if sample.name in _IN_FLIGHT
+                    )
                 except (httpx.HTTPError, ValueError):
                     return False
                 if held == 0:
@@ -245,8 +268,11 @@ class BlueGreenTarget:
 
     def commands(self) -> list[tuple[str, tuple[str, ...]]]:
         """Every command the target runs, by config key (for ``autotune daemon --check``)."""
-        out = [(f"[production.{c.name}].{k}", argv) for c in self.colors.values()
-               for k, argv in (("start", c.server.restart), ("stop", c.stop_argv))]
+        out = [
+            (f"[production.{c.name}].{k}", argv)
+            for c in self.colors.values()
+            for k, argv in (("start", c.server.restart), ("stop", c.stop_argv))
+        ]
         proxy = self.proxy
         for key in ("test", "reload"):
             argv = getattr(proxy, key, ())

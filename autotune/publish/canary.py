@@ -29,4 +29,5 @@ def replay_canary(workload: Workload, slos: list[SLO], options: ReplayOptions = 
         if step is not None and step.summary.failed:
             summary["error"] = f"{step.summary.failed} of {len(workload)} requests failed"
         return CanaryResult(ok, {"metrics": summary["metrics"], "slos": summary["slos"], "error": summary.get("error")})
+
     return run

@@ -73,8 +73,13 @@ class History:
 
     def add(self, outcome: str, values: dict[str, Any], **kw: Any) -> Entry:
         entries = self.entries()
-        e = Entry(number=(entries[-1].number + 1) if entries else 1, outcome=outcome, values=dict(values),
-                  time=time.time(), **kw)
+        e = Entry(
+            number=(entries[-1].number + 1) if entries else 1,
+            outcome=outcome,
+            values=dict(values),
+            time=time.time(),
+            **kw,
+        )
         self._write(e)
         return e
 

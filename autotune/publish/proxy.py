@@ -78,7 +78,7 @@ class NginxProxy:
         test = t.strings("test", ["nginx", "-t", "-q"])
         reload = t.strings("reload", ["nginx", "-s", "reload"])
         if not reload:
-            raise t.wrong("reload", "a non-empty argv, e.g. [\"systemctl\", \"reload\", \"nginx\"]")
+            raise t.wrong("reload", 'a non-empty argv, e.g. ["systemctl", "reload", "nginx"]')
         timeout = t.duration("switch_timeout", 30.0, above=0)
         t.done()
         return cls(url.rstrip("/"), Path(upstream), tuple(test), tuple(reload), timeout)
@@ -95,8 +95,10 @@ class NginxProxy:
 
     def point_at(self, backend: str) -> None:
         old = self.upstream_file.read_text(encoding="utf-8") if self.upstream_file.is_file() else None
-        new = (f"# written by autotune: the vLLM instance serving production ({time.strftime('%Y-%m-%d %H:%M:%S')})\n"
-               f"server {backend} max_fails=0;\n")
+        new = (
+            f"# written by autotune: the vLLM instance serving production ({time.strftime('%Y-%m-%d %H:%M:%S')})\n"
+            f"server {backend} max_fails=0;\n"
+        )
         # nginx reads this file as root at reload; 0644 like the rest of its config
         atomic_write(self.upstream_file, new, 0o644)
         try:
@@ -131,8 +133,9 @@ class NginxProxy:
             raise PublishError(f"proxy {what} command {list(argv)} failed: {e}") from e
         if r.returncode != 0:
             lines = (r.stderr or r.stdout).strip().splitlines()
-            raise PublishError(f"proxy {what} command {list(argv)} exited {r.returncode}: "
-                               f"{' | '.join(lines[-2:]) or 'no output'}")
+            raise PublishError(
+                f"proxy {what} command {list(argv)} exited {r.returncode}: {' | '.join(lines[-2:]) or 'no output'}"
+            )
 
     def _wait_serving(self, backend: str) -> None:
         """Until a request through the proxy is answered by ``backend`` (nginx reloads asynchronously)."""
@@ -156,8 +159,10 @@ class NginxProxy:
                 last = type(e).__name__
             in_a_row = 0
             time.sleep(0.2)
-        raise PublishError(f"proxy {self.url} does not serve through {backend} {self.switch_timeout_s:.0f} s after "
-                           f"its reload (last: {last}); is nginx running, and does it include {self.upstream_file}?")
+        raise PublishError(
+            f"proxy {self.url} does not serve through {backend} {self.switch_timeout_s:.0f} s after "
+            f"its reload (last: {last}); is nginx running, and does it include {self.upstream_file}?"
+        )
 
 
 _KINDS = {"nginx": NginxProxy}

@@ -109,4 +109,3 @@ def wait_healthy(url: str, timeout_s: float, interval_s: float = 1.0) -> float:
                 last = type(e).__name__
             time.sleep(interval_s)
     raise PublishError(f"{url} not healthy after {timeout_s:.0f} s (last: {last})")
-

@@ -32,8 +32,18 @@ from autotune.publish.bluegreen import BlueGreenTarget, Color
 from autotune.publish.history import NOT_DEPLOYED, Entry, History
 from autotune.publish.target import Target, wait_healthy
 
-__all__ = ["CanaryResult", "PublishResult", "publish", "rollback", "rollback_choice", "recover", "adopt",
-           "PublishLock", "tidy", "same_config"]
+__all__ = [
+    "CanaryResult",
+    "PublishResult",
+    "publish",
+    "rollback",
+    "rollback_choice",
+    "recover",
+    "adopt",
+    "PublishLock",
+    "tidy",
+    "same_config",
+]
 
 
 @dataclass(frozen=True)
@@ -83,9 +93,16 @@ def adopt(target: Target, history: History) -> Entry | None:
     return history.add("adopted", values, source={"target": target.name})
 
 
-def publish(target: Target, values: Mapping[str, Any], history: History, canary: Canary,
-            source: Mapping[str, Any] | None = None, entry: Entry | None = None,
-            on_phase: Callable[[str], None] = lambda _: None, verify: Canary | None = None) -> PublishResult:
+def publish(
+    target: Target,
+    values: Mapping[str, Any],
+    history: History,
+    canary: Canary,
+    source: Mapping[str, Any] | None = None,
+    entry: Entry | None = None,
+    on_phase: Callable[[str], None] = lambda _: None,
+    verify: Canary | None = None,
+) -> PublishResult:
     """Deploy ``values`` and keep them only if production is healthy and meets its SLOs.
 
     ``on_phase`` hears "verifying" before the canary and "rolling_back" before a rollback; a blue/green
@@ -117,8 +134,14 @@ def _step(history: History, entry: Entry, step: str, old: Color, new: Color, **k
     return history.settle(entry, "pending", switch={"from": old.name, "to": new.name, "step": step}, **kw)
 
 
-def _switch(target: BlueGreenTarget, entry: Entry, history: History, canary: Canary, verify: Canary,
-            on_phase: Callable[[str], None]) -> PublishResult:
+def _switch(
+    target: BlueGreenTarget,
+    entry: Entry,
+    history: History,
+    canary: Canary,
+    verify: Canary,
+    on_phase: Callable[[str], None],
+) -> PublishResult:
     old = target.live()
     new = target.other(old)
     good = history.last_good(before=entry.number)
@@ -143,8 +166,16 @@ def _switch(target: BlueGreenTarget, entry: Entry, history: History, canary: Can
     return _verify_switched(target, history, entry, verify, old, new, good)
 
 
-def _verify_switched(target: BlueGreenTarget, history: History, entry: Entry, verify: Canary, old: Color,
-                     new: Color, good: Entry | None, why: str = "") -> PublishResult:
+def _verify_switched(
+    target: BlueGreenTarget,
+    history: History,
+    entry: Entry,
+    verify: Canary,
+    old: Color,
+    new: Color,
+    good: Entry | None,
+    why: str = "",
+) -> PublishResult:
     """After the switch: keep it if production meets its SLOs, else switch back to ``old`` (still up)."""
     try:
         after = verify(new.url)
@@ -158,14 +189,25 @@ def _verify_switched(target: BlueGreenTarget, history: History, entry: Entry, ve
         said = [f"{old.name} did not stop: {on_stop}"] if on_stop else []
         if summary is not None and summary.get("verified") is False:  # kept on the canary's word alone: say so
             said.append(f"not verified on users' traffic ({summary.get('note', 'too few requests')})")
-        return PublishResult(history.settle(entry, "published", switch={**entry.switch, "step": "done",
-                                                                         "verified": summary},
-                                            reason="; ".join(said)), True)
+        return PublishResult(
+            history.settle(
+                entry, "published", switch={**entry.switch, "step": "done", "verified": summary}, reason="; ".join(said)
+            ),
+            True,
+        )
     return _switch_back(target, history, entry, old, new, good, f"{why}after the switch: {reason}", summary)
 
 
-def _switch_back(target: BlueGreenTarget, history: History, entry: Entry, old: Color, new: Color,
-                 good: Entry | None, reason: str, verified: dict[str, Any] | None) -> PublishResult:
+def _switch_back(
+    target: BlueGreenTarget,
+    history: History,
+    entry: Entry,
+    old: Color,
+    new: Color,
+    good: Entry | None,
+    reason: str,
+    verified: dict[str, Any] | None,
+) -> PublishResult:
     entry = _step(history, entry, "switching-back", old, new)
     try:
         try:
@@ -174,25 +216,53 @@ def _switch_back(target: BlueGreenTarget, history: History, entry: Entry, old: C
             target.stage(old, old.server.deployed() or {})
         target.switch(old)
     except AutotuneError as e:
-        history.settle(entry, "rolled-back", reason=f"{reason}; switching back to {old.name} FAILED: {e}",
-                       switch={**entry.switch, "verified": verified})
-        raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and switching back to {old.name} "
-                            f"failed too ({e}): production needs a person") from e
+        history.settle(
+            entry,
+            "rolled-back",
+            reason=f"{reason}; switching back to {old.name} FAILED: {e}",
+            switch={**entry.switch, "verified": verified},
+        )
+        raise AutotuneError(
+            f"publish of entry {entry.number} failed ({reason}) and switching back to {old.name} "
+            f"failed too ({e}): production needs a person"
+        ) from e
     target.drain(new)
     target.stop_quietly(new)
-    return PublishResult(history.settle(entry, "rolled-back", reason=reason, restored=good.number if good else None,
-                                        switch={**entry.switch, "step": "switched back", "verified": verified}),
-                         False)
+    return PublishResult(
+        history.settle(
+            entry,
+            "rolled-back",
+            reason=reason,
+            restored=good.number if good else None,
+            switch={**entry.switch, "step": "switched back", "verified": verified},
+        ),
+        False,
+    )
 
 
-def _abandon(target: BlueGreenTarget, history: History, entry: Entry, new: Color, reason: str,
-             canary: dict[str, Any] | None, old: Color, good: Entry | None) -> PublishResult:
+def _abandon(
+    target: BlueGreenTarget,
+    history: History,
+    entry: Entry,
+    new: Color,
+    reason: str,
+    canary: dict[str, Any] | None,
+    old: Color,
+    good: Entry | None,
+) -> PublishResult:
     """A failure before users reached the new color: stop it; production never noticed."""
     target.stop_quietly(new)
-    return PublishResult(history.settle(entry, "rolled-back", canary=canary,
-                                        reason=f"{reason} (before the switch: production stayed on {old.name})",
-                                        restored=good.number if good else None,
-                                        switch={**(entry.switch or {}), "step": "abandoned"}), False)
+    return PublishResult(
+        history.settle(
+            entry,
+            "rolled-back",
+            canary=canary,
+            reason=f"{reason} (before the switch: production stayed on {old.name})",
+            restored=good.number if good else None,
+            switch={**(entry.switch or {}), "step": "abandoned"},
+        ),
+        False,
+    )
 
 
 def _recover_switch(target: BlueGreenTarget, history: History, entry: Entry, verify: Canary) -> PublishResult:
@@ -203,33 +273,47 @@ def _recover_switch(target: BlueGreenTarget, history: History, entry: Entry, ver
     live = target.resync()
     step = sw.get("step", "starting")
     if step == "switching-back":
-        return _switch_back(target, history, entry, old, new, good, "interrupted while switching back after a "
-                            "failed verification", None)
+        return _switch_back(
+            target, history, entry, old, new, good, "interrupted while switching back after a failed verification", None
+        )
     if live is old:
         return _abandon(target, history, entry, new, f"interrupted at step {step}", entry.canary, old, good)
     if step == "retiring":  # verified before the crash: only the old color's stop was left
-        return _verify_switched(target, history, entry, lambda _: CanaryResult(True, {"note": "verified before the "
-                                "interruption"}), old, new, good)
+        return _verify_switched(
+            target,
+            history,
+            entry,
+            lambda _: CanaryResult(True, {"note": "verified before the interruption"}),
+            old,
+            new,
+            good,
+        )
     return _verify_switched(target, history, entry, verify, old, new, good, why=f"interrupted at step {step}; ")
 
 
-def _roll_back(target: Target, history: History, entry: Entry, reason: str,
-               canary: dict[str, Any] | None) -> PublishResult:
+def _roll_back(
+    target: Target, history: History, entry: Entry, reason: str, canary: dict[str, Any] | None
+) -> PublishResult:
     good = history.last_good(before=entry.number)
     if good is None:
-        history.settle(entry, "rolled-back", reason=f"{reason}; no earlier good config to restore",
-                       canary=canary)
-        raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and there is no earlier good "
-                            "config to roll back to: production needs a person")
+        history.settle(entry, "rolled-back", reason=f"{reason}; no earlier good config to restore", canary=canary)
+        raise AutotuneError(
+            f"publish of entry {entry.number} failed ({reason}) and there is no earlier good "
+            "config to roll back to: production needs a person"
+        )
     try:
         target.deploy(good.values)
     except AutotuneError as e:
-        history.settle(entry, "rolled-back", reason=f"{reason}; rollback to entry {good.number} FAILED: {e}",
-                       canary=canary)
-        raise AutotuneError(f"publish of entry {entry.number} failed ({reason}) and the rollback to entry "
-                            f"{good.number} failed too ({e}): production needs a person") from e
-    return PublishResult(history.settle(entry, "rolled-back", reason=reason, restored=good.number, canary=canary),
-                         False)
+        history.settle(
+            entry, "rolled-back", reason=f"{reason}; rollback to entry {good.number} FAILED: {e}", canary=canary
+        )
+        raise AutotuneError(
+            f"publish of entry {entry.number} failed ({reason}) and the rollback to entry "
+            f"{good.number} failed too ({e}): production needs a person"
+        ) from e
+    return PublishResult(
+        history.settle(entry, "rolled-back", reason=reason, restored=good.number, canary=canary), False
+    )
 
 
 def rollback_choice(history: History, to: int | None = None) -> Entry:
@@ -240,12 +324,18 @@ def rollback_choice(history: History, to: int | None = None) -> Entry:
     if to is not None:
         good = history.get(to)
         if good is None:
-            there = (f"the history has entries {entries[0].number} to {entries[-1].number}, of which "
-                     f"{good_ones} can be restored" if entries else "the history is empty")
+            there = (
+                f"the history has entries {entries[0].number} to {entries[-1].number}, of which "
+                f"{good_ones} can be restored"
+                if entries
+                else "the history is empty"
+            )
             raise ConfigError(f"there is no history entry {to}: {there} (autotune history lists them)")
         if not good.good:
-            raise ConfigError(f"entry {to} is {good.outcome}, not a config production ran well; pick a published "
-                              f"or adopted one: {good_ones} (autotune history lists them)")
+            raise ConfigError(
+                f"entry {to} is {good.outcome}, not a config production ran well; pick a published "
+                f"or adopted one: {good_ones} (autotune history lists them)"
+            )
         return good
     current = next((e for e in reversed(entries) if e.good), None)
     good = history.last_good(before=current.number) if current else None
@@ -262,8 +352,12 @@ def rollback(target: Target, history: History, to: int | None = None) -> Entry |
     if same_config(target.deployed(), target.production_values(good.values)):
         return None
     target.deploy(good.values)
-    return history.add("published", good.values, source={"rollback_to": good.number, "by": "hand"},
-                       reason=f"rolled back by hand to entry {good.number}")
+    return history.add(
+        "published",
+        good.values,
+        source={"rollback_to": good.number, "by": "hand"},
+        reason=f"rolled back by hand to entry {good.number}",
+    )
 
 
 def recover(target: Target, history: History, canary: Canary, verify: Canary | None = None) -> PublishResult | None:

@@ -28,6 +28,7 @@ from autotune.units import parse_duration
 
 __all__ = ["VllmConfigTarget"]
 
+
 @dataclass
 class VllmConfigTarget:
     config_path: Path  # what `vllm serve --config` reads, e.g. /etc/vllm/production.yaml
@@ -46,11 +47,15 @@ class VllmConfigTarget:
     def check_settings(cls, table: Mapping[str, Any], where: str) -> None:
         extra = set(table) - {"config", "model", "restart", "health_timeout"}
         if extra:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind vllm-config "
-                              "(known: config, model, restart, health_timeout)")
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind vllm-config "
+                "(known: config, model, restart, health_timeout)"
+            )
         if "config" not in table or "restart" not in table or "model" not in table:
-            raise ConfigError(f"{where}: kind vllm-config needs config (the YAML file), model and "
-                              "restart (an argv list such as [\"systemctl\", \"restart\", \"vllm@production\"])")
+            raise ConfigError(
+                f"{where}: kind vllm-config needs config (the YAML file), model and "
+                'restart (an argv list such as ["systemctl", "restart", "vllm@production"])'
+            )
         restart = table["restart"]
         if not isinstance(restart, list) or not restart or not all(isinstance(x, str) for x in restart):
             raise ConfigError(f"{where}.restart must be a list of strings (an argv, run without a shell)")
@@ -64,9 +69,16 @@ class VllmConfigTarget:
         cls.check_settings(table, where)
         engine = get_kind("vllm")
         health = parse_duration(table.get("health_timeout", 900), f"{where}.health_timeout")
-        return cls(Path(table["config"]), str(table["model"]), tuple(table["restart"]), url,
-                   engine.flag_table(["vllm"]), health_timeout_s=health, restart_timeout_s=health + 120,
-                   engine=engine)
+        return cls(
+            Path(table["config"]),
+            str(table["model"]),
+            tuple(table["restart"]),
+            url,
+            engine.flag_table(["vllm"]),
+            health_timeout_s=health,
+            restart_timeout_s=health + 120,
+            engine=engine,
+        )
 
     def deployed(self) -> dict[str, Any] | None:
         """The engine args in the config file now (None when there is no file yet)."""
@@ -106,5 +118,7 @@ class VllmConfigTarget:
     def production_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """What the YAML gets: staging-only values dropped, floats as a person writes them (0.86, not a
         sampler's 0.8600000000000001)."""
-        return {k: float(f"{v:.10g}") if isinstance(v, float) else v
-                for k, v in self.engine.production_values(values).items()}
+        return {
+            k: float(f"{v:.10g}") if isinstance(v, float) else v
+            for k, v in self.engine.production_values(values).items()
+        }

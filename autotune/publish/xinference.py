@@ -41,8 +41,14 @@ from typing import Any, Self
 import httpx
 
 from autotune.engine.kind import get_kind
-from autotune.errors import (ConfigError, UnmappableEngineArgError, XinferenceAuthError, XinferenceDeployError,
-                             XinferenceError, XinferenceUnavailable)
+from autotune.errors import (
+    ConfigError,
+    UnmappableEngineArgError,
+    XinferenceAuthError,
+    XinferenceDeployError,
+    XinferenceError,
+    XinferenceUnavailable,
+)
 from autotune.publish.target import CanaryClient, Target
 
 __all__ = [
@@ -60,21 +66,56 @@ __all__ = [
 
 # Top-level keys of POST /v1/models that Xinference takes itself (restful_api.py, launch_model's
 # exclude_keys): everything else in the body becomes an engine kwarg.
-LAUNCH_FIELDS: frozenset[str] = frozenset({
-    "model_uid", "model_name", "model_engine", "model_size_in_billions", "model_format", "quantization",
-    "model_type", "replica", "n_gpu", "request_limits", "peft_model_config", "worker_ip", "gpu_idx",
-    "download_hub", "model_path", "enable_virtual_env", "virtual_env_packages", "model_python_executable",
-    "virtual_env_find_links", "envs", "replica_config",
-})
+LAUNCH_FIELDS: frozenset[str] = frozenset(
+    {
+        "model_uid",
+        "model_name",
+        "model_engine",
+        "model_size_in_billions",
+        "model_format",
+        "quantization",
+        "model_type",
+        "replica",
+        "n_gpu",
+        "request_limits",
+        "peft_model_config",
+        "worker_ip",
+        "gpu_idx",
+        "download_hub",
+        "model_path",
+        "enable_virtual_env",
+        "virtual_env_packages",
+        "model_python_executable",
+        "virtual_env_find_links",
+        "envs",
+        "replica_config",
+    }
+)
 
 # Keys that pass as kwargs but that Xinference consumes before the engine sees them (worker.py,
 # model/llm/vllm/core.py): they are Xinference settings, given in ``launch_fields``.
-XINFERENCE_OPTIONS: frozenset[str] = frozenset({
-    "n_worker", "shard", "driver_info", "address", "launch_ts", "virtual_env_name", "xavier_config",
-    "xinference_vllm_executor_backend", "enable_weight_cache", "reasoning_content", "enable_thinking",
-    "context_length", "model_quantization", "draft_model_path", "num_speculative_tokens", "rope_scaling",
-    "min_pixels", "max_pixels",
-})
+XINFERENCE_OPTIONS: frozenset[str] = frozenset(
+    {
+        "n_worker",
+        "shard",
+        "driver_info",
+        "address",
+        "launch_ts",
+        "virtual_env_name",
+        "xavier_config",
+        "xinference_vllm_executor_backend",
+        "enable_weight_cache",
+        "reasoning_content",
+        "enable_thinking",
+        "context_length",
+        "model_quantization",
+        "draft_model_path",
+        "num_speculative_tokens",
+        "rope_scaling",
+        "min_pixels",
+        "max_pixels",
+    }
+)
 
 # vLLM engine args that cannot go through Xinference, and why.
 RESERVED_VLLM_ARGS: dict[str, str] = {
@@ -87,31 +128,81 @@ RESERVED_VLLM_ARGS: dict[str, str] = {
     "master_addr": "Xinference sets it for multi-worker launches (launch field n_worker)",
     "master_port": "Xinference sets it for multi-worker launches (launch field n_worker)",
     "enable_lora": "Xinference passes it to AsyncEngineArgs itself (from the launch field peft_model_config); "
-                   "a second value is a TypeError",
+    "a second value is a TypeError",
     "max_loras": "Xinference passes it to AsyncEngineArgs itself (from the launch field peft_model_config); "
-                 "a second value is a TypeError",
+    "a second value is a TypeError",
 }
 
 # Options of `vllm serve`'s API server, not AsyncEngineArgs fields (vLLM 0.32's parser): Xinference
 # runs its own OpenAI-compatible server, so none of them has anywhere to go.
-VLLM_FRONTEND_ARGS: frozenset[str] = frozenset({
-    "allow_credentials", "allowed_headers", "allowed_methods", "allowed_origins",
-    "anthropic_disabled_thinking_effort", "api_key", "api_server_count", "chat_template",
-    "chat_template_content_format", "cohere_format", "cohere_is_reasoning_model", "config",
-    "data_parallel_supervisor_port", "default_chat_template_kwargs", "disable_access_log_for_endpoints",
-    "disable_fastapi_docs", "disable_uvicorn_access_log", "dp_supervisor_probe_failure_threshold",
-    "dp_supervisor_probe_interval_s", "dp_supervisor_probe_timeout_s", "enable_auto_tool_choice",
-    "enable_flash_late_interaction", "enable_force_include_usage", "enable_log_deltas", "enable_log_outputs",
-    "enable_offline_docs", "enable_per_request_metrics", "enable_prompt_tokens_details",
-    "enable_request_id_headers", "enable_scale_out", "enable_server_load_tracking", "enable_ssl_refresh",
-    "enable_tokenizer_info_endpoint", "exclude_tools_when_tool_choice_none", "fingerprint_mode",
-    "fingerprint_value", "grpc", "grpc_port", "h11_max_header_count", "h11_max_incomplete_event_size",
-    "headless", "host", "log_error_stack", "lora_modules", "max_log_len", "middleware", "port",
-    "response_role", "return_tokens_as_token_ids", "root_path", "sse_keep_alive_interval", "ssl_ca_certs",
-    "ssl_cert_reqs", "ssl_certfile", "ssl_ciphers", "ssl_keyfile", "tool_call_parser", "tool_parser_plugin",
-    "tool_server", "tool_strict_level", "trust_request_chat_template", "trust_request_mm_kwargs", "uds",
-    "uvicorn_log_level",
-})
+VLLM_FRONTEND_ARGS: frozenset[str] = frozenset(
+    {
+        "allow_credentials",
+        "allowed_headers",
+        "allowed_methods",
+        "allowed_origins",
+        "anthropic_disabled_thinking_effort",
+        "api_key",
+        "api_server_count",
+        "chat_template",
+        "chat_template_content_format",
+        "cohere_format",
+        "cohere_is_reasoning_model",
+        "config",
+        "data_parallel_supervisor_port",
+        "default_chat_template_kwargs",
+        "disable_access_log_for_endpoints",
+        "disable_fastapi_docs",
+        "disable_uvicorn_access_log",
+        "dp_supervisor_probe_failure_threshold",
+        "dp_supervisor_probe_interval_s",
+        "dp_supervisor_probe_timeout_s",
+        "enable_auto_tool_choice",
+        "enable_flash_late_interaction",
+        "enable_force_include_usage",
+        "enable_log_deltas",
+        "enable_log_outputs",
+        "enable_offline_docs",
+        "enable_per_request_metrics",
+        "enable_prompt_tokens_details",
+        "enable_request_id_headers",
+        "enable_scale_out",
+        "enable_server_load_tracking",
+        "enable_ssl_refresh",
+        "enable_tokenizer_info_endpoint",
+        "exclude_tools_when_tool_choice_none",
+        "fingerprint_mode",
+        "fingerprint_value",
+        "grpc",
+        "grpc_port",
+        "h11_max_header_count",
+        "h11_max_incomplete_event_size",
+        "headless",
+        "host",
+        "log_error_stack",
+        "lora_modules",
+        "max_log_len",
+        "middleware",
+        "port",
+        "response_role",
+        "return_tokens_as_token_ids",
+        "root_path",
+        "sse_keep_alive_interval",
+        "ssl_ca_certs",
+        "ssl_cert_reqs",
+        "ssl_certfile",
+        "ssl_ciphers",
+        "ssl_keyfile",
+        "tool_call_parser",
+        "tool_parser_plugin",
+        "tool_server",
+        "tool_strict_level",
+        "trust_request_chat_template",
+        "trust_request_mm_kwargs",
+        "uds",
+        "uvicorn_log_level",
+    }
+)
 
 # vLLM's `quantization` collides with Xinference's launch field of that name (the model spec's
 # quantization); Xinference takes the engine's under this name and renames it back.
@@ -120,10 +211,18 @@ _UNRENAMED = {v: k for k, v in _RENAMED.items()}
 
 # Fields whose JSON text Xinference parses itself before vLLM sees them (VLLMModel._sanitize_model_config):
 # a string stays a string. Other JSON text becomes the object AsyncEngineArgs expects.
-_XINFERENCE_PARSES_JSON = frozenset({
-    "compilation_config", "additional_config", "model_loader_extra_config", "structured_outputs_config",
-    "reasoning_config", "speculative_config", "limit_mm_per_prompt", "mm_processor_kwargs",
-})
+_XINFERENCE_PARSES_JSON = frozenset(
+    {
+        "compilation_config",
+        "additional_config",
+        "model_loader_extra_config",
+        "structured_outputs_config",
+        "reasoning_config",
+        "speculative_config",
+        "limit_mm_per_prompt",
+        "mm_processor_kwargs",
+    }
+)
 
 _ENGINES_WITH_RELOAD_CONFIG = frozenset({"vllm", "sglang"})
 
@@ -131,6 +230,7 @@ _ENGINES_WITH_RELOAD_CONFIG = frozenset({"vllm", "sglang"})
 # --- errors ------------------------------------------------------------------------------------
 
 # --- the mapping -------------------------------------------------------------------------------
+
 
 def engine_kwargs(vllm_values: Mapping[str, Any], *, engine_fields: frozenset[str] | None = None) -> dict[str, Any]:
     """autotune's vLLM engine args (snake-case CLI dests) -> the top-level kwargs of Xinference's launch body.
@@ -147,8 +247,10 @@ def engine_kwargs(vllm_values: Mapping[str, Any], *, engine_fields: frozenset[st
     bad: dict[str, str] = {}
     for name, value in vllm_values.items():
         if name == "engine_config":
-            bad[name] = ("Xinference 4.1 does not unwrap a nested engine_config (vLLM raises TypeError); "
-                         "give each engine arg as its own key")
+            bad[name] = (
+                "Xinference 4.1 does not unwrap a nested engine_config (vLLM raises TypeError); "
+                "give each engine arg as its own key"
+            )
         elif name in RESERVED_VLLM_ARGS:
             bad[name] = RESERVED_VLLM_ARGS[name]
         elif name in VLLM_FRONTEND_ARGS:
@@ -193,6 +295,7 @@ def setup_token_from_log(text: str) -> str | None:
 
 # --- auth --------------------------------------------------------------------------------------
 
+
 @dataclass
 class XinferenceAuth:
     """An Xinference account, turned into a bearer JWT (``POST /token``).
@@ -210,17 +313,26 @@ class XinferenceAuth:
 
     def login(self, send: Callable[..., httpx.Response]) -> str:
         if self.setup_token and not self._setup_done:
-            r = send("POST", "/v1/admin/setup", json={"setup_token": self.setup_token, "username": self.username,
-                                                      "password": self.password})
+            r = send(
+                "POST",
+                "/v1/admin/setup",
+                json={"setup_token": self.setup_token, "username": self.username, "password": self.password},
+            )
             if r.status_code != 201 and not (r.status_code == 403 and "already completed" in _detail(r)):
-                raise XinferenceAuthError(f"Xinference refused the initial setup ({r.status_code}): {_detail(r)}",
-                                          status=r.status_code, detail=_detail(r))
+                raise XinferenceAuthError(
+                    f"Xinference refused the initial setup ({r.status_code}): {_detail(r)}",
+                    status=r.status_code,
+                    detail=_detail(r),
+                )
             self._setup_done = True
         r = send("POST", "/token", json={"username": self.username, "password": self.password})
         body = _json(r)
         if r.status_code != 200 or not isinstance(body, dict) or "access_token" not in body:
-            raise XinferenceAuthError(f"Xinference refused the login of {self.username!r} ({r.status_code}): "
-                                      f"{_detail(r)}", status=r.status_code, detail=_detail(r))
+            raise XinferenceAuthError(
+                f"Xinference refused the login of {self.username!r} ({r.status_code}): {_detail(r)}",
+                status=r.status_code,
+                detail=_detail(r),
+            )
         self.access_token = str(body["access_token"])
         return self.access_token
 
@@ -241,6 +353,7 @@ def _detail(r: httpx.Response) -> str:
 
 
 # --- the target --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -269,10 +382,21 @@ class XinferenceTarget:
     ``auth`` None is for a server started with XINFERENCE_AUTH_ADVANCED=0.
     """
 
-    def __init__(self, url: str, model_uid: str, model_name: str, model_engine: str = "vllm",
-                 launch_fields: Mapping[str, Any] | None = None, auth: XinferenceAuth | None = None, *,
-                 deploy_timeout: float = 1800.0, request_timeout: float = 60.0, poll_interval: float = 1.0,
-                 endpoint_url: str | None = None, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        model_uid: str,
+        model_name: str,
+        model_engine: str = "vllm",
+        launch_fields: Mapping[str, Any] | None = None,
+        auth: XinferenceAuth | None = None,
+        *,
+        deploy_timeout: float = 1800.0,
+        request_timeout: float = 60.0,
+        poll_interval: float = 1.0,
+        endpoint_url: str | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.endpoint_url = (endpoint_url or url).rstrip("/")
         self.model_uid = model_uid
@@ -281,9 +405,11 @@ class XinferenceTarget:
         self.launch_fields = dict(launch_fields or {})
         own = {"model_uid", "model_name", "model_engine", "engine_config"} & self.launch_fields.keys()
         if own:
-            raise ConfigError(f"launch_fields cannot hold {', '.join(sorted(own))}: model_uid, model_name and "
-                              "model_engine are the target's own arguments, and a nested engine_config is not "
-                              "unwrapped by Xinference 4.1")
+            raise ConfigError(
+                f"launch_fields cannot hold {', '.join(sorted(own))}: model_uid, model_name and "
+                "model_engine are the target's own arguments, and a nested engine_config is not "
+                "unwrapped by Xinference 4.1"
+            )
         self.auth = auth
         self.deploy_timeout = deploy_timeout
         self.poll_interval = poll_interval
@@ -321,8 +447,9 @@ class XinferenceTarget:
             return r
         detail = _detail(r)
         cls = XinferenceAuthError if r.status_code in (401, 403) else XinferenceError
-        raise cls(f"Xinference answered {method} {path} with {r.status_code}: {detail}", status=r.status_code,
-                  detail=detail)
+        raise cls(
+            f"Xinference answered {method} {path} with {r.status_code}: {detail}", status=r.status_code, detail=detail
+        )
 
     def headers(self) -> dict[str, str]:
         """The bearer header (logging in first if needed): also what a canary replay must send."""
@@ -379,8 +506,10 @@ class XinferenceTarget:
         return None if d is None else d.values
 
     def _launch_record(self) -> dict[str, Any] | None:
-        rows = _json(self._call("GET", "/v1/launch_history",
-                                params={"model_name": self.model_name, "scope": "mine"})) or []
+        rows = (
+            _json(self._call("GET", "/v1/launch_history", params={"model_name": self.model_name, "scope": "mine"}))
+            or []
+        )
         mine = [r for r in rows if isinstance(r, dict) and r.get("model_uid") == self.model_uid]
         return max(mine, key=lambda r: _epoch(r.get("updated_at")), default=None)
 
@@ -400,8 +529,11 @@ class XinferenceTarget:
         if self._is_vllm:
             kwargs = engine_kwargs(engine_args)
         else:  # Transformers, SGLang, llama.cpp, ...: their own kwarg names, passed as they are
-            bad = {k: "a field Xinference takes itself, not an engine kwarg: put it in launch_fields"
-                   for k in engine_args if k in LAUNCH_FIELDS or k in XINFERENCE_OPTIONS}
+            bad = {
+                k: "a field Xinference takes itself, not an engine kwarg: put it in launch_fields"
+                for k in engine_args
+                if k in LAUNCH_FIELDS or k in XINFERENCE_OPTIONS
+            }
             if "engine_config" in engine_args:
                 bad["engine_config"] = "Xinference 4.1 does not unwrap a nested engine_config"
             if bad:
@@ -410,8 +542,13 @@ class XinferenceTarget:
         clash = sorted(kwargs.keys() & self.launch_fields.keys())
         if clash:
             raise ConfigError(f"{', '.join(clash)} given both as engine args and in launch_fields")
-        return {"model_uid": self.model_uid, "model_name": self.model_name, "model_engine": self.model_engine,
-                **self.launch_fields, **kwargs}
+        return {
+            "model_uid": self.model_uid,
+            "model_name": self.model_name,
+            "model_engine": self.model_engine,
+            **self.launch_fields,
+            **kwargs,
+        }
 
     def terminate(self) -> bool:
         """Stop what runs (or is launching) under the uid; False when nothing did."""
@@ -420,8 +557,9 @@ class XinferenceTarget:
             self._call("POST", f"/v1/models/{self.model_uid}/cancel", ok=(200, 400, 404))
         r = self._call("DELETE", f"/v1/models/{self.model_uid}", ok=(200, 400))
         if r.status_code == 400 and "not found" not in _detail(r).lower():
-            raise XinferenceError(f"Xinference refused to terminate {self.model_uid}: {_detail(r)}",
-                                  status=400, detail=_detail(r))
+            raise XinferenceError(
+                f"Xinference refused to terminate {self.model_uid}: {_detail(r)}", status=400, detail=_detail(r)
+            )
         return r.status_code == 200
 
     def deploy(self, values: Mapping[str, Any], timeout: float | None = None) -> None:
@@ -439,11 +577,15 @@ class XinferenceTarget:
         except (XinferenceUnavailable, XinferenceAuthError):
             raise
         except XinferenceError as e:
-            raise XinferenceDeployError(f"Xinference refused to launch {self.model_uid}: {e.detail}",
-                                        status=e.status, detail=e.detail) from e
+            raise XinferenceDeployError(
+                f"Xinference refused to launch {self.model_uid}: {e.detail}", status=e.status, detail=e.detail
+            ) from e
         self._wait_ready(deadline)
-        self._call("POST", "/v1/launch_history",
-                   json={"model_name": self.model_name, "model_uid": self.model_uid, "data": body})
+        self._call(
+            "POST",
+            "/v1/launch_history",
+            json={"model_name": self.model_name, "model_uid": self.model_uid, "data": body},
+        )
 
     def _wait_ready(self, deadline: float) -> None:
         status = "unknown"
@@ -457,8 +599,7 @@ class XinferenceTarget:
             if status not in _RUNNING:
                 errors = [s["error_message"] for s in info.get("replica_statuses") or [] if s.get("error_message")]
                 detail = " | ".join(errors) or f"status {status}, no error text (cancelled?)"
-                raise XinferenceDeployError(f"{self.model_uid} failed to launch on Xinference: {detail}",
-                                            detail=detail)
+                raise XinferenceDeployError(f"{self.model_uid} failed to launch on Xinference: {detail}", detail=detail)
             if self._clock() >= deadline:
                 break
             self._sleep(self.poll_interval)
@@ -467,8 +608,9 @@ class XinferenceTarget:
             self.terminate()
         except XinferenceError as e:
             cancelled = f"cancelling the launch failed too: {e}"
-        raise XinferenceDeployError(f"{self.model_uid} not ready on Xinference before the deadline "
-                                    f"(last status {status}); {cancelled}")
+        raise XinferenceDeployError(
+            f"{self.model_uid} not ready on Xinference before the deadline (last status {status}); {cancelled}"
+        )
 
     def endpoint(self) -> str:
         """Production's base URL (the REST URL unless ``endpoint_url`` says otherwise), for the canary
@@ -502,18 +644,23 @@ _KEYS = {"xinference_url", "model_uid", "model_name", "model_engine", "username"
 def _settings(cfg: Mapping[str, Any], where: str) -> None:
     extra = set(cfg) - _KEYS - {"url", "kind"}
     if extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind xinference "
-                          f"(known: {', '.join(sorted(_KEYS))})")
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(sorted(extra))} for kind xinference "
+            f"(known: {', '.join(sorted(_KEYS))})"
+        )
     missing = [k for k in ("model_uid", "model_name") if not cfg.get(k)]
     if missing:
-        raise ConfigError(f"{where} needs {' and '.join(missing)}: the uid Xinference serves the model under "
-                          "and the registered model name it is launched from")
+        raise ConfigError(
+            f"{where} needs {' and '.join(missing)}: the uid Xinference serves the model under "
+            "and the registered model name it is launched from"
+        )
     if not isinstance(cfg.get("launch", {}), Mapping):
-        raise ConfigError(f"{where}.launch must be a table of launch fields, e.g. {{ model_format = \"pytorch\" }}")
+        raise ConfigError(f'{where}.launch must be a table of launch fields, e.g. {{ model_format = "pytorch" }}')
 
 
-def target_from_config(url: str, cfg: Mapping[str, Any], where: str = "[production] (kind = \"xinference\")"
-                       ) -> XinferenceTarget:
+def target_from_config(
+    url: str, cfg: Mapping[str, Any], where: str = '[production] (kind = "xinference")'
+) -> XinferenceTarget:
     """The target for the daemon's ``[production]`` table with ``kind = "xinference"``.
 
     ``url`` is production's URL (the canary's endpoint); ``cfg`` holds xinference_url (the REST API,
@@ -526,8 +673,10 @@ def target_from_config(url: str, cfg: Mapping[str, Any], where: str = "[producti
     auth = None
     if cfg.get("username") or cfg.get("password_file"):
         if not cfg.get("username") or not cfg.get("password_file"):
-            raise ConfigError(f"{where}: give both username and password_file (a file holding the password), "
-                              "or neither for a server started with XINFERENCE_AUTH_ADVANCED=0")
+            raise ConfigError(
+                f"{where}: give both username and password_file (a file holding the password), "
+                "or neither for a server started with XINFERENCE_AUTH_ADVANCED=0"
+            )
         try:
             password = Path(str(cfg["password_file"])).read_text().strip()
         except OSError as e:
@@ -535,8 +684,15 @@ def target_from_config(url: str, cfg: Mapping[str, Any], where: str = "[producti
         if not password:
             raise ConfigError(f"{where}.password_file {cfg['password_file']} is empty")
         auth = XinferenceAuth(str(cfg["username"]), password)
-    return XinferenceTarget(str(cfg.get("xinference_url") or url), str(cfg["model_uid"]), str(cfg["model_name"]),
-                            str(cfg.get("model_engine", "vllm")), dict(launch), auth, endpoint_url=url)
+    return XinferenceTarget(
+        str(cfg.get("xinference_url") or url),
+        str(cfg["model_uid"]),
+        str(cfg["model_name"]),
+        str(cfg.get("model_engine", "vllm")),
+        dict(launch),
+        auth,
+        endpoint_url=url,
+    )
 
 
 def _epoch(stamp: Any) -> float:

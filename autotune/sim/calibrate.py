@@ -34,8 +34,7 @@ from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
 from autotune.workload.trace import Workload
 
-__all__ = ["Calibration", "MeasuredStep", "METRICS", "FITTED", "calibrate", "step_metrics", "load", "save",
-           "path_for"]
+__all__ = ["Calibration", "MeasuredStep", "METRICS", "FITTED", "calibrate", "step_metrics", "load", "save", "path_for"]
 
 # what a trial's step records (measure/session.Step.to_json) and the simulator can say too
 METRICS = ("output_throughput", "ttft_p95", "tpot_p95", "e2e_p95")
@@ -87,8 +86,10 @@ class Calibration:
         return replace(API_SERVER, **{k: v for k, v in self.constants.items() if k in FRONT_END})
 
     def describe(self) -> str:
-        return (f"calibrated on {self.steps} steps of {len(self.trials)} trials of study {self.study or '?'} "
-                f"(log error {self.loss_before:.3f} -> {self.loss_after:.3f})")
+        return (
+            f"calibrated on {self.steps} steps of {len(self.trials)} trials of study {self.study or '?'} "
+            f"(log error {self.loss_before:.3f} -> {self.loss_after:.3f})"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,8 +99,9 @@ class Calibration:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
-def step_metrics(shape: ModelShape, gpu: GpuProfile, front_end: FrontEnd, values: Mapping[str, Any],
-                 workload: Workload) -> dict[str, float] | None:
+def step_metrics(
+    shape: ModelShape, gpu: GpuProfile, front_end: FrontEnd, values: Mapping[str, Any], workload: Workload
+) -> dict[str, float] | None:
     """What the simulator says one step measures (METRICS), or None for a config it says would not start."""
     config = SimConfig.from_args(values, gpu, shape)
     if config.validate() is not None:
@@ -108,13 +110,18 @@ def step_metrics(shape: ModelShape, gpu: GpuProfile, front_end: FrontEnd, values
     if start.plan is None:
         return None
     s = summarize(simulate(SimEngine(shape, gpu, config, start.plan, front_end), workload, warmup=WARMUP), [])
-    got = {"output_throughput": s.output_throughput, "ttft_p95": s.ttft.p95, "tpot_p95": s.tpot.p95,
-           "e2e_p95": s.e2e.p95}
+    got = {
+        "output_throughput": s.output_throughput,
+        "ttft_p95": s.ttft.p95,
+        "tpot_p95": s.tpot.p95,
+        "e2e_p95": s.e2e.p95,
+    }
     return {k: v for k, v in got.items() if v is not None}
 
 
-def _pairs(steps: Iterable[MeasuredStep], predict: Callable[[MeasuredStep], dict[str, float] | None]
-           ) -> list[tuple[float, float]]:
+def _pairs(
+    steps: Iterable[MeasuredStep], predict: Callable[[MeasuredStep], dict[str, float] | None]
+) -> list[tuple[float, float]]:
     pairs = []
     for st in steps:
         got = predict(st)
@@ -127,10 +134,20 @@ def _pairs(steps: Iterable[MeasuredStep], predict: Callable[[MeasuredStep], dict
     return [(m, min(max(p, m / 10), m * 10)) for m, p in pairs if m > 0]
 
 
-def calibrate(shape: ModelShape, profile: str, model: str, steps: Sequence[MeasuredStep],
-              workload_at: Callable[[float], Workload], *, names: Sequence[str] = tuple(FITTED),
-              start: Calibration | None = None, evaluations: int = 150, seed: int = 0,
-              study: str = "", good_enough: float = 0.0) -> Calibration:
+def calibrate(
+    shape: ModelShape,
+    profile: str,
+    model: str,
+    steps: Sequence[MeasuredStep],
+    workload_at: Callable[[float], Workload],
+    *,
+    names: Sequence[str] = tuple(FITTED),
+    start: Calibration | None = None,
+    evaluations: int = 150,
+    seed: int = 0,
+    study: str = "",
+    good_enough: float = 0.0,
+) -> Calibration:
     """Fit ``names`` (of FITTED) of ``profile`` to ``steps``, starting from ``start``'s fit or the profile's own
     values. ``workload_at(load)`` is the study's workload at a load, as the step replayed it.
 
@@ -183,8 +200,9 @@ def calibrate(shape: ModelShape, profile: str, model: str, steps: Sequence[Measu
         if opt.should_stop():
             break
     kept = {**(start.constants if start else {}), **best}
-    return Calibration(profile, model, kept, before, after, len(steps), sorted({s.trial for s in steps}), study,
-                       time.time())
+    return Calibration(
+        profile, model, kept, before, after, len(steps), sorted({s.trial for s in steps}), study, time.time()
+    )
 
 
 def _slug(model: str) -> str:

@@ -46,22 +46,28 @@ from pathlib import Path
 from typing import Any
 
 from autotune.engine.flags import Flag, dest_of
+from autotune.engine.model import parse_bytes
 from autotune.engine.vllm.flags import bundled_table
 from autotune.sim.kind import SIMULATED_VLLM
-from autotune.engine.model import parse_bytes
 
 __all__ = ["build_parser", "main", "parse"]
 
 SIM_OPTIONS = {"--gpu": "gpu", "--time-scale": "time_scale", "--gpu-memory-used-by-others": "gpu_memory_used_by_others"}
-USAGE = ("vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] "
-         "serve MODEL [vLLM flags...]")
-PREDICT_USAGE = ("vllm-sim [--gpu NAME] predict MODEL [vLLM flags...] (--workload FILE | --scenario NAME --rate R) "
-                 "[--max-concurrency N] [--json OUT]")
+USAGE = "vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] serve MODEL [vLLM flags...]"
+PREDICT_USAGE = (
+    "vllm-sim [--gpu NAME] predict MODEL [vLLM flags...] (--workload FILE | --scenario NAME --rate R) "
+    "[--max-concurrency N] [--json OUT]"
+)
 COMMANDS = ("serve", "predict")
 HOST_DEFAULT, PORT_DEFAULT = "127.0.0.1", 8000
 # vLLM's human_readable_int flags (engine/arg_utils.py): 8k = 8000, 8K = 8192
-HUMAN_READABLE_INTS = {"max_num_batched_tokens", "max_num_scheduled_tokens", "kv_cache_memory_bytes",
-                       "safetensors_prefetch_block_size", "max_num_queued_tokens"}
+HUMAN_READABLE_INTS = {
+    "max_num_batched_tokens",
+    "max_num_scheduled_tokens",
+    "kv_cache_memory_bytes",
+    "safetensors_prefetch_block_size",
+    "max_num_queued_tokens",
+}
 
 
 def _json_arg(value: str) -> Any:
@@ -83,8 +89,13 @@ class _Bool(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=None, **kw)
         self.flag_name = flag_name
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, _bool_value(self.flag_name, option_string or self.flag_name))
 
 
@@ -141,20 +152,41 @@ def build_parser(command: str = "serve") -> argparse.ArgumentParser:
     from autotune.sim.profiles import GPUS
 
     if command == "predict":
-        p = _Parser(prog="vllm-sim predict", usage=PREDICT_USAGE, allow_abbrev=False,
-                    description="What autotune bench would measure on vllm-sim's engine, computed in virtual time.")
+        p = _Parser(
+            prog="vllm-sim predict",
+            usage=PREDICT_USAGE,
+            allow_abbrev=False,
+            description="What autotune bench would measure on vllm-sim's engine, computed in virtual time.",
+        )
         p.one_line = True
     else:
-        p = _Parser(prog="vllm-sim serve", usage=USAGE, allow_abbrev=False,
-                    description="vllm serve, simulated: vLLM 0.33's API, start-up and scheduling on a simulated GPU.")
-    p.add_argument("model_tag", nargs="?", metavar="MODEL", help="a named model, a Hugging Face id we know, "
-                   "or a directory with config.json")
+        p = _Parser(
+            prog="vllm-sim serve",
+            usage=USAGE,
+            allow_abbrev=False,
+            description="vllm serve, simulated: vLLM 0.33's API, start-up and scheduling on a simulated GPU.",
+        )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="a named model, a Hugging Face id we know, or a directory with config.json",
+    )
     sim = p.add_argument_group("vllm-sim")
     sim.add_argument("--gpu", default="h100-80gb", choices=sorted(GPUS), help="the simulated GPU (default h100-80gb)")
-    sim.add_argument("--time-scale", type=float, default=1.0,
-                     help="multiplies the start-up phases' durations (tests: 0.01); serving runs in real time")
-    sim.add_argument("--gpu-memory-used-by-others", type=parse_bytes, default=0, metavar="BYTES",
-                     help="GPU memory other processes hold (default 0)")
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiplies the start-up phases' durations (tests: 0.01); serving runs in real time",
+    )
+    sim.add_argument(
+        "--gpu-memory-used-by-others",
+        type=parse_bytes,
+        default=0,
+        metavar="BYTES",
+        help="GPU memory other processes hold (default 0)",
+    )
     eng = p.add_argument_group("vLLM 0.33 engine and server flags")
     seen: set[str] = set()
     for flag in bundled_table(SIMULATED_VLLM).flags.values():
@@ -185,8 +217,12 @@ def _add_predict_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--load", type=float, default=1.0, help="multiply the arrival rate (default 1)")
     r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
     r.add_argument("--warmup", type=int, default=4, help="unmeasured warm-up requests (default 4)")
-    r.add_argument("--slo", action="append", default=[],
-                   help="an SLO, repeatable, as autotune bench takes it: 'ttft<800ms' (p95), 'p99:tpot<50ms', ...")
+    r.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        help="an SLO, repeatable, as autotune bench takes it: 'ttft<800ms' (p95), 'p99:tpot<50ms', ...",
+    )
     r.add_argument("--json", type=Path, help="write the result as JSON here (autotune bench --json's shape)")
     r.add_argument("--requests-json", type=Path, help="write every request's timings (JSONL) here")
 
@@ -248,7 +284,7 @@ def _split_sim_prefix(argv: list[str]) -> tuple[str, list[str]]:
     while i < len(argv):
         tok = argv[i]
         if tok in COMMANDS:
-            return tok, pre + argv[i + 1:]
+            return tok, pre + argv[i + 1 :]
         if tok in ("-h", "--help"):
             parser.print_help()
             sys.exit(0)
@@ -278,9 +314,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         if args[i] == "--config":
             if i + 1 >= len(args):
                 parser.error("argument --config: expected one argument")
-            path, rest = args[i + 1], args[:i] + args[i + 2:]
+            path, rest = args[i + 1], args[:i] + args[i + 2 :]
         else:
-            path, rest = args[i].split("=", 1)[1], args[:i] + args[i + 1:]
+            path, rest = args[i].split("=", 1)[1], args[:i] + args[i + 1 :]
         extra = _config_args(path, parser)
         # vLLM's order: the model, then the file's flags, then the command line's (which win)
         if rest and not rest[0].startswith("-"):
@@ -309,9 +345,24 @@ def _fit_max_model_len(values: dict[str, Any], gpu: Any, shape: Any, used: int) 
     return max(block, min(top, s.plan.kv_tokens // block * block))
 
 
-PREDICT_KEYS = {"command", "workload", "scenario", "rate", "requests", "burstiness", "prompt_tokens",
-                "output_tokens", "prefix_tokens", "api", "load", "max_concurrency", "warmup", "slo", "json",
-                "requests_json"}
+PREDICT_KEYS = {
+    "command",
+    "workload",
+    "scenario",
+    "rate",
+    "requests",
+    "burstiness",
+    "prompt_tokens",
+    "output_tokens",
+    "prefix_tokens",
+    "api",
+    "load",
+    "max_concurrency",
+    "warmup",
+    "slo",
+    "json",
+    "requests_json",
+}
 
 
 def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | None:
@@ -344,14 +395,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine is None:
         return 1
     shape, gpu, values, config = engine
-    non_default = {k: v for k, v in values.items()
-                   if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))}
+    non_default = {k: v for k, v in values.items() if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))}
     opts = server.ServeOptions(
         model=ns.model_tag,
         served_names=list(ns.served_model_name or [ns.model_tag]),
-        shape=shape, gpu=gpu, config=config, host=ns.host, port=ns.port,
+        shape=shape,
+        gpu=gpu,
+        config=config,
+        host=ns.host,
+        port=ns.port,
         tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag),
-        time_scale=ns.time_scale, used_by_others=ns.gpu_memory_used_by_others,
+        time_scale=ns.time_scale,
+        used_by_others=ns.gpu_memory_used_by_others,
         log_stats=not ns.disable_log_stats,
         non_default_args={"model_tag": ns.model_tag, **non_default},
     )
@@ -385,11 +440,20 @@ def _run_predict(ns: argparse.Namespace) -> int:
     shape, gpu, values, config = engine
     workload = predict.load_workload(spec)
     opts = predict.PredictOptions(
-        model=ns.model_tag, served_name=(ns.served_model_name or [ns.model_tag])[0], shape=shape, gpu=gpu,
-        gpu_key=ns.gpu, config=config, used_by_others=ns.gpu_memory_used_by_others,
-        tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag), load=ns.load, max_concurrency=ns.max_concurrency,
-        warmup=ns.warmup, slos=slos,
-        vllm_args={k: v for k, v in values.items() if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))})
+        model=ns.model_tag,
+        served_name=(ns.served_model_name or [ns.model_tag])[0],
+        shape=shape,
+        gpu=gpu,
+        gpu_key=ns.gpu,
+        config=config,
+        used_by_others=ns.gpu_memory_used_by_others,
+        tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag),
+        load=ns.load,
+        max_concurrency=ns.max_concurrency,
+        warmup=ns.warmup,
+        slos=slos,
+        vllm_args={k: v for k, v in values.items() if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))},
+    )
     return predict.report(predict.predict(opts, workload), ns.json, ns.requests_json)
 
 

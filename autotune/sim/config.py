@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.engine.vllm.defaults import default_batching
 from autotune.engine.model import ModelShape, parse_bytes
+from autotune.engine.vllm.defaults import default_batching
 from autotune.sim.profiles import GpuProfile
 
 __all__ = ["SimConfig", "capture_sizes"]
@@ -53,8 +53,10 @@ class SimConfig:
             max_num_seqs=int(v.get("max_num_seqs") or seqs),
             # without chunked prefill and no value given, vLLM raises its default to max_model_len
             # (engine/arg_utils.py), so the config is valid; a value given is checked as given
-            max_num_batched_tokens=int(v.get("max_num_batched_tokens")
-                                       or (tokens if v.get("enable_chunked_prefill", True) else max(tokens, mml))),
+            max_num_batched_tokens=int(
+                v.get("max_num_batched_tokens")
+                or (tokens if v.get("enable_chunked_prefill", True) else max(tokens, mml))
+            ),
             gpu_memory_utilization=float(v.get("gpu_memory_utilization", 0.92)),
             kv_cache_memory_bytes=_kv_bytes(v, gpu),
             block_size=int(v.get("block_size") or 16),
@@ -69,9 +71,11 @@ class SimConfig:
             dtype=str(v.get("dtype") or "auto"),
             load_format=str(v.get("load_format") or "auto"),
             stream_interval=int(v.get("stream_interval") or 1),
-            max_cudagraph_capture_size=(int(compilation["max_cudagraph_capture_size"])
-                                        if isinstance(compilation, dict) and "max_cudagraph_capture_size" in compilation
-                                        else None),
+            max_cudagraph_capture_size=(
+                int(compilation["max_cudagraph_capture_size"])
+                if isinstance(compilation, dict) and "max_cudagraph_capture_size" in compilation
+                else None
+            ),
             cuda_graphs=gpu.platform == "cuda",
         )
 
@@ -82,13 +86,17 @@ class SimConfig:
     def validate(self) -> str | None:
         """vLLM's own config errors (pydantic ValidationError at start-up), or None."""
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            return (f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
-                    f"({self.max_model_len}). This effectively limits the maximum sequence length to "
-                    "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-                    "max_num_batched_tokens or decrease max_model_len.")
+            return (
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({self.max_model_len}). This effectively limits the maximum sequence length to "
+                "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                "max_num_batched_tokens or decrease max_model_len."
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
-            return (f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
-                    f"max_num_seqs ({self.max_num_seqs}).")
+            return (
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
+                f"max_num_seqs ({self.max_num_seqs})."
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             return f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
         if self.block_size % 16:

@@ -23,8 +23,14 @@ def log_loss(pairs: Iterable[tuple[float, float]]) -> float:
     return sum(errs) / len(errs) if errs else math.inf
 
 
-def fit(loss: Callable[[dict[str, float]], float], start: Mapping[str, float],
-        bounds: Mapping[str, tuple[float, float]], *, points: int = 7, rounds: int = 4) -> tuple[dict[str, float], float]:
+def fit(
+    loss: Callable[[dict[str, float]], float],
+    start: Mapping[str, float],
+    bounds: Mapping[str, tuple[float, float]],
+    *,
+    points: int = 7,
+    rounds: int = 4,
+) -> tuple[dict[str, float], float]:
     """(the constants minimising ``loss``, its value), by coordinate search on shrinking grids.
 
     Each round scans every constant over ``points`` values across its current window (the other

@@ -83,7 +83,10 @@ class FixedTimingServer:
 
     async def _json(self, writer: asyncio.StreamWriter, obj: object, status: int = 200) -> None:
         data = json.dumps(obj).encode()
-        writer.write(f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
+        writer.write(
+            f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
         await writer.drain()
 
     async def _stream(self, writer, path: str, req: dict, rid: str | None, t_recv: float) -> None:
@@ -120,8 +123,11 @@ class FixedTimingServer:
         writer.write(chunk(b"[DONE]") + b"0\r\n\r\n")
         await writer.drain()
         if rid is not None:
-            self.truth[rid] = {"ttft": writes[0] - t_recv, "itl": [b - a for a, b in zip(writes, writes[1:])],
-                               "chunk_tokens": sizes}
+            self.truth[rid] = {
+                "ttft": writes[0] - t_recv,
+                "itl": [b - a for a, b in zip(writes, writes[1:])],
+                "chunk_tokens": sizes,
+            }
 
 
 async def serve(host: str, port: int, ttft_s: float, itl_s: float, stream_interval: int = 1) -> None:
@@ -137,14 +143,19 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8200)
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
-    ap.add_argument("--stream-interval", type=int, default=1,
-                    help="tokens per SSE chunk after the first, as vLLM's --stream-interval (default: 1)")
+    ap.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per SSE chunk after the first, as vLLM's --stream-interval (default: 1)",
+    )
     a = ap.parse_args()
     if a.stream_interval < 1:
         ap.error("--stream-interval must be at least 1")
     try:
         try:
             import uvloop
+
             factory = uvloop.new_event_loop
         except ImportError:
             factory = None

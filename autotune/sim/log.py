@@ -18,5 +18,8 @@ PID = os.getpid()
 
 def log(level: str, where: str, message: str, *, proc: str = "APIServer", stream: TextIO | None = None) -> None:
     """One vLLM-style log line: ``(APIServer pid=N) INFO 11-22 10:00:00 [api_server.py] message``."""
-    print(f"({proc} pid={PID}) {level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {message}",
-          file=stream or sys.stdout, flush=True)
+    print(
+        f"({proc} pid={PID}) {level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {message}",
+        file=stream or sys.stdout,
+        flush=True,
+    )

@@ -46,7 +46,6 @@ from autotune.sim.scheduler import StepPlan
 __all__ = ["StepModel"]
 
 
-
 @dataclass
 class StepModel:
     shape: ModelShape
@@ -92,8 +91,10 @@ class StepModel:
         """The step's time from its aggregates (pure: what the tests and the benchmark call)."""
         if tokens == 0:
             return 0.0
-        linear = max((self._weights + tokens * self._kv) / self._bw,
-                     (tokens * self._matmul_flops + sampled * self._head_flops) / self._flops)
+        linear = max(
+            (self._weights + tokens * self._kv) / self._bw,
+            (tokens * self._matmul_flops + sampled * self._head_flops) / self._flops,
+        )
         attention = max(kv_tokens * self._kv / self._attn_bw, attn * self._attn_flops / self._attn_flops_rate)
         gpu = linear + attention
         if self._tp > 1:

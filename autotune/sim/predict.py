@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.engine.failures import Failure, LogWatch, classify_exit
-from autotune.errors import ConfigError
 from autotune.engine.model import ModelShape, locate
+from autotune.errors import ConfigError
 from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Outcome, Step
-from autotune.measure.tables import outcome_tables
 from autotune.measure.slo import SLO
+from autotune.measure.tables import outcome_tables
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
@@ -56,8 +56,17 @@ from autotune.sim.text import TextCodec, chat_prompt
 from autotune.workload.source import WorkloadSpec, length_flags, load
 from autotune.workload.trace import SKIPPED_WHY, Workload
 
-__all__ = ["Prediction", "PredictOptions", "load_workload", "predict", "print_outcome", "prompt_ids", "report",
-           "workload_spec", "write_json"]
+__all__ = [
+    "Prediction",
+    "PredictOptions",
+    "load_workload",
+    "predict",
+    "print_outcome",
+    "prompt_ids",
+    "report",
+    "workload_spec",
+    "write_json",
+]
 
 WARMUP_OUTPUT_TOKENS = 16  # the replay client's (ReplayOptions.warmup_output_tokens), as simulate() uses
 
@@ -101,8 +110,15 @@ class Prediction:
         if d.get("warmup_s") is not None:
             d["warmup_s"] = None  # the warm-up's virtual time is not kept
         o = self.options
-        return {"predicted": True, "gpu": o.gpu.name, "gpu_profile": o.gpu_key, "engine_model": o.model,
-                "vllm_args": o.vllm_args, "kv_cache_tokens": self.kv_cache_tokens, **d}
+        return {
+            "predicted": True,
+            "gpu": o.gpu.name,
+            "gpu_profile": o.gpu_key,
+            "engine_model": o.model,
+            "vllm_args": o.vllm_args,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            **d,
+        }
 
 
 def workload_spec(a: Any) -> WorkloadSpec:
@@ -121,17 +137,28 @@ def workload_spec(a: Any) -> WorkloadSpec:
     if a.warmup < 0:
         raise ConfigError(f"--warmup must be 0 or more requests, got {a.warmup}")
     tokenizer = Path(a.tokenizer) if a.tokenizer else locate(a.model_tag).tokenizer  # where vLLM finds the model
-    return WorkloadSpec(trace=a.workload, scenario=a.scenario, rate=a.rate, num_requests=a.requests,
-                        burstiness=a.burstiness, seed=a.seed if a.seed is not None else 0, overrides=overrides,
-                        api=a.api, output_tokens=fixed_out, tokenizer=tokenizer)
+    return WorkloadSpec(
+        trace=a.workload,
+        scenario=a.scenario,
+        rate=a.rate,
+        num_requests=a.requests,
+        burstiness=a.burstiness,
+        seed=a.seed if a.seed is not None else 0,
+        overrides=overrides,
+        api=a.api,
+        output_tokens=fixed_out,
+        tokenizer=tokenizer,
+    )
 
 
 def load_workload(spec: WorkloadSpec) -> Workload:
     """``workload.source.load``; a note on stderr says what a file left out, as ``autotune bench`` says it."""
     workload = load(spec)
     if workload.skipped:
-        print(f"vllm-sim predict: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})",
-              file=sys.stderr)
+        print(
+            f"vllm-sim predict: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})",
+            file=sys.stderr,
+        )
     return workload
 
 
@@ -185,16 +212,32 @@ def predict(opts: PredictOptions, workload: Workload) -> Prediction:
     ids = prompt_ids(workload, TextCodec(opts.tokenizer))
     mml = c.max_model_len
     # the server's get_max_tokens: max_tokens clamped to what the context leaves after the prompt
-    workload = replace(workload, requests=tuple(
-        replace(r, output_tokens=max(1, min(r.output_tokens, mml - len(p)))) if len(p) < mml else r
-        for r, p in zip(workload.requests, ids)))
-    results = simulate(engine, workload, warmup=opts.warmup, keep_itl=True, max_concurrency=opts.max_concurrency,
-                       prompt_ids=ids)
+    workload = replace(
+        workload,
+        requests=tuple(
+            replace(r, output_tokens=max(1, min(r.output_tokens, mml - len(p)))) if len(p) < mml else r
+            for r, p in zip(workload.requests, ids)
+        ),
+    )
+    results = simulate(
+        engine, workload, warmup=opts.warmup, keep_itl=True, max_concurrency=opts.max_concurrency, prompt_ids=ids
+    )
     _from_first_send(results)
     summary = summarize(results, opts.slos)
     measured = max((r.end_s for r in results), default=0.0)
-    out.steps.append(Step(opts.load, workload.rate, summary, summary.verdicts(opts.slos), measured, results,
-                          opts.served_name, 0.0, measured))
+    out.steps.append(
+        Step(
+            opts.load,
+            workload.rate,
+            summary,
+            summary.verdicts(opts.slos),
+            measured,
+            results,
+            opts.served_name,
+            0.0,
+            measured,
+        )
+    )
     return Prediction(out, opts, kv_cache_tokens=startup.plan.kv_tokens)
 
 
@@ -246,8 +289,11 @@ def report(p: Prediction, json_path: Path | None, requests_path: Path | None) ->
         print_failure(p)
         f = p.outcome.failure
         assert f is not None
-        print(f"vllm-sim predict: the engine would not start ({f.failure_class.value}): {f.summary}",
-              file=sys.stderr, flush=True)
+        print(
+            f"vllm-sim predict: the engine would not start ({f.failure_class.value}): {f.summary}",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         print_outcome(p.outcome)
     if json_path is not None:

@@ -78,20 +78,51 @@ class GpuProfile:
 #   Llama-3 8B); no A100 was lent to measure.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # The other GPUs keep the defaults (no calibration point, no measurement).
-_H100_MEASURED = {"bandwidth_efficiency": 0.66, "compute_efficiency": 0.712, "attention_bandwidth_efficiency": 0.676,
-                  "attention_compute_efficiency": 0.506}
+_H100_MEASURED = {
+    "bandwidth_efficiency": 0.66,
+    "compute_efficiency": 0.712,
+    "attention_bandwidth_efficiency": 0.676,
+    "attention_compute_efficiency": 0.506,
+}
 GPUS: dict[str, GpuProfile] = {
-    "h100-80gb": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12, 989e12, 450e9, **_H100_MEASURED,
-                            allreduce_latency_s=10e-6, host_step_s=0.0, host_seq_s=28e-6),
+    "h100-80gb": GpuProfile(
+        "NVIDIA H100 80GB HBM3",
+        81559 * MiB,
+        3.35e12,
+        989e12,
+        450e9,
+        **_H100_MEASURED,
+        allreduce_latency_s=10e-6,
+        host_step_s=0.0,
+        host_seq_s=28e-6,
+    ),
     # what-if only (bench_sim_fidelity.py --gpu-as): the SXM part's measured shares on the PCIe part's peaks
-    "h100-pcie-80gb": GpuProfile("NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9, **_H100_MEASURED,
-                                 host_step_s=0.0, host_seq_s=28e-6),
-    "h200-141gb": GpuProfile("NVIDIA H200", 143771 * MiB, 4.8e12, 989e12, 450e9, bandwidth_efficiency=0.645,
-                             compute_efficiency=0.70, attention_bandwidth_efficiency=0.671,
-                             attention_compute_efficiency=0.514, allreduce_latency_s=10e-6, host_step_s=0.0,
-                             host_seq_s=28e-6),
-    "a100-80gb": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MiB, 2.039e12, 312e12, 300e9,
-                            bandwidth_efficiency=0.70, compute_efficiency=0.60),
+    "h100-pcie-80gb": GpuProfile(
+        "NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9, **_H100_MEASURED, host_step_s=0.0, host_seq_s=28e-6
+    ),
+    "h200-141gb": GpuProfile(
+        "NVIDIA H200",
+        143771 * MiB,
+        4.8e12,
+        989e12,
+        450e9,
+        bandwidth_efficiency=0.645,
+        compute_efficiency=0.70,
+        attention_bandwidth_efficiency=0.671,
+        attention_compute_efficiency=0.514,
+        allreduce_latency_s=10e-6,
+        host_step_s=0.0,
+        host_seq_s=28e-6,
+    ),
+    "a100-80gb": GpuProfile(
+        "NVIDIA A100-SXM4-80GB",
+        81920 * MiB,
+        2.039e12,
+        312e12,
+        300e9,
+        bandwidth_efficiency=0.70,
+        compute_efficiency=0.60,
+    ),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
     "rtx3090-24gb": GpuProfile("NVIDIA GeForce RTX 3090", int(23.58 * 1024) * MiB, 936e9, 71e12, 32e9),
@@ -100,44 +131,123 @@ GPUS: dict[str, GpuProfile] = {
     # memory bandwidth for two vCPUs); every time constant of a CPU host is a fit of its own trials
     # (`autotune calibrate`, sim/calibrate.py), which is why a CPU study uses the simulator only once
     # calibrated. Memory: the KV cache comes from VLLM_CPU_KVCACHE_SPACE, not from a device's total.
-    "cpu": GpuProfile("cpu", 24 * 1024 * MiB, 20e9, 160e9, 10e9, bandwidth_efficiency=0.5,
-                      compute_efficiency=0.3, host_step_s=5e-3, host_seq_s=50e-6, eager_layer_s=200e-6,
-                      platform="cpu"),
+    "cpu": GpuProfile(
+        "cpu",
+        24 * 1024 * MiB,
+        20e9,
+        160e9,
+        10e9,
+        bandwidth_efficiency=0.5,
+        compute_efficiency=0.3,
+        host_step_s=5e-3,
+        host_seq_s=50e-6,
+        eager_layer_s=200e-6,
+        platform="cpu",
+    ),
 }
 
 # config.json fields of the dense models the example studies name
 MODELS: dict[str, dict] = {
-    "llama-3.1-8b": {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-                     "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
-    "qwen2.5-32b": {"num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 27648, "vocab_size": 152064,
-                    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
-    "llama-3.1-70b": {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
-                      "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 28672, "vocab_size": 128256,
-                      "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "llama-3.1-8b": {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "qwen2.5-32b": {
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 27648,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "llama-3.1-70b": {
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
     # Qwen/Qwen3-8B and Qwen/Qwen3-32B config.json (huggingface.co/Qwen/Qwen3-8B, /Qwen3-32B)
-    "qwen3-8b": {"num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
-                 "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
-    "qwen3-32b": {"num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 64,
-                  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
-                  "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "qwen3-8b": {
+        "num_hidden_layers": 36,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": {
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 25600,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
     # meta-llama/Meta-Llama-3-8B(-Instruct) and Meta-Llama-3-70B(-Instruct) config.json: the 3.1
     # shapes with an 8192-token context
-    "llama-3-8b": {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-                   "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
-    "llama-3-70b": {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
-                    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 28672, "vocab_size": 128256,
-                    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "llama-3-8b": {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "llama-3-70b": {
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
 }
 # names as people write them in studies (the Hugging Face ids of those models)
-ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
-           "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b", "Qwen/Qwen3-8B": "qwen3-8b",
-           "Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
-           "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b", "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
-           "meta-llama/Meta-Llama-3-70B-Instruct": "llama-3-70b"}
+ALIASES = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
+    "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
+    "meta-llama/Meta-Llama-3-70B-Instruct": "llama-3-70b",
+}
 
 
 def gpu_profile(name: str) -> GpuProfile:
@@ -156,13 +266,16 @@ def model_shape(model: str) -> ModelShape:
     key = ALIASES.get(model, model).lower()
     if key in MODELS:
         return ModelShape.from_config(MODELS[key])
-    raise KeyError(f"model {model!r}: not a directory with config.json, not in the Hugging Face cache, and not one "
-                   f"of {', '.join(MODELS)}")
+    raise KeyError(
+        f"model {model!r}: not a directory with config.json, not in the Hugging Face cache, and not one "
+        f"of {', '.join(MODELS)}"
+    )
 
 
 def write_model_dir(name: str, path: Path) -> Path:
     """A directory whose config.json is a named profile's: for studies that read the model's shape."""
     import json
+
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **MODELS[name]}, indent=1))
     return path

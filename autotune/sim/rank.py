@@ -47,8 +47,15 @@ class Predicted:
 class SpaceSimulator:
     """Predicts each point's capacity on one GPU for one workload and its SLOs (see the module docstring)."""
 
-    def __init__(self, shape: ModelShape, gpu: GpuProfile, workload_at: Callable[[float], Workload],
-                 base_rate: float, slos: Sequence[SLO], front_end: FrontEnd = API_SERVER) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        gpu: GpuProfile,
+        workload_at: Callable[[float], Workload],
+        base_rate: float,
+        slos: Sequence[SLO],
+        front_end: FrontEnd = API_SERVER,
+    ) -> None:
         self.shape, self.gpu, self.workload_at, self.base_rate = shape, gpu, workload_at, base_rate
         self.slos = list(slos)
         self.front_end = front_end

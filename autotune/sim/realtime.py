@@ -135,8 +135,12 @@ class RealtimeEngine:
                 start = now
                 if now - last_lag_log > 60:
                     last_lag_log = now
-                    log("WARNING", "sim", f"the simulation runs {now - target:.2f} s behind real time: this host "
-                        "is too slow for the load (latencies include the lag)")
+                    log(
+                        "WARNING",
+                        "sim",
+                        f"the simulation runs {now - target:.2f} s behind real time: this host "
+                        "is too slow for the load (latencies include the lag)",
+                    )
             plan = sched.schedule(start)
             if not plan.scheduled:
                 self._count_scheduler()
@@ -164,8 +168,13 @@ class RealtimeEngine:
         sched = self.sched
         req = sched.waiting[0] if sched.waiting else sched.running[0]
         sched.abort(req)
-        log("ERROR", "core.py", f"request {req.id} cannot be scheduled (prompt {req.prompt_len} tokens, "
-            f"{sched.kv.num_blocks} KV blocks): failing it", proc="EngineCore")
+        log(
+            "ERROR",
+            "core.py",
+            f"request {req.id} cannot be scheduled (prompt {req.prompt_len} tokens, "
+            f"{sched.kv.num_blocks} KV blocks): failing it",
+            proc="EngineCore",
+        )
         s = self.streams.pop(req.id, None)
         if s is not None:
             s.error = "the request cannot be scheduled: it needs more KV cache blocks than the engine has"
@@ -253,9 +262,12 @@ class RealtimeEngine:
             last = now
             busy = bool(w["prompt"] or w["generation"] or self.sched.has_work)
             if busy or self._last_logged_busy:
-                parts = [f"Avg prompt throughput: {w['prompt'] / dt:.1f} tokens/s",
-                         f"Avg generation throughput: {w['generation'] / dt:.1f} tokens/s",
-                         f"Running: {len(self.sched.running)} reqs", f"Waiting: {len(self.sched.waiting)} reqs"]
+                parts = [
+                    f"Avg prompt throughput: {w['prompt'] / dt:.1f} tokens/s",
+                    f"Avg generation throughput: {w['generation'] / dt:.1f} tokens/s",
+                    f"Running: {len(self.sched.running)} reqs",
+                    f"Waiting: {len(self.sched.waiting)} reqs",
+                ]
                 if w["preemptions"]:
                     parts.append(f"Preemptions: {w['preemptions']}")
                 parts.append(f"GPU KV cache usage: {self.sched.kv.usage * 100:.1f}%")

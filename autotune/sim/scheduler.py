@@ -39,7 +39,7 @@ def block_hashes(tokens: Sequence[Hashable], block_size: int) -> list[int]:
     out: list[int] = []
     h = 0
     for i in range(len(tokens) // block_size):
-        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        h = hash((h, tuple(tokens[i * block_size : (i + 1) * block_size])))
         out.append(h)
     return out
 
@@ -215,9 +215,18 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
-                 max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
+        prefix_caching: bool = True,
+        long_prefill_token_threshold: int = 0,
+        max_model_len: int | None = None,
+    ) -> None:
         self.kv = KVCache(num_blocks, block_size, prefix_caching)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -326,7 +335,8 @@ class Scheduler:
                 # (finish_reason "length"); without it a request grew past max_model_len, and past a
                 # KV cache sized for max_model_len
                 if req.num_output >= req.max_tokens or (
-                        self.max_model_len is not None and req.num_tokens >= self.max_model_len):
+                    self.max_model_len is not None and req.num_tokens >= self.max_model_len
+                ):
                     done.append(req)
         for req in done:
             req.finished = True

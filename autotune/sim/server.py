@@ -41,26 +41,21 @@ from autotune.engine.model import ModelShape
 from autotune.sim.config import SimConfig
 from autotune.sim.exposition import SimMetrics
 from autotune.sim.log import PID, log
+from autotune.sim.perf import API_SERVER
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.realtime import RealtimeEngine, Stream
 from autotune.sim.scheduler import Request, block_hashes
 from autotune.sim.startup import plan_startup
 from autotune.sim.text import TextCodec, chat_prompt, eos_length, token_text
-from autotune.sim.perf import API_SERVER
 from autotune.sim.virtual import SimEngine
 
-__all__ = [
-    "VLLM_VERSION",
-    "ServeOptions",
-    "SimApi",
-    "run",
-    "serve",
-]
+__all__ = ["VLLM_VERSION", "ServeOptions", "SimApi", "run", "serve"]
 
 VLLM_VERSION = "0.33.0"
 
 
 # --- the HTTP API ---------------------------------------------------------------------------------
+
 
 def _dumps(obj: object) -> str:
     """pydantic's model_dump_json: compact, not ASCII-escaped."""
@@ -68,8 +63,9 @@ def _dumps(obj: object) -> str:
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
-                 param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.err_type, self.param = status, err_type, param
 
@@ -96,8 +92,9 @@ class _Call:
 
 
 class SimApi:
-    def __init__(self, engine: RealtimeEngine, codec: TextCodec, served_names: list[str], root: str,
-                 max_model_len: int) -> None:
+    def __init__(
+        self, engine: RealtimeEngine, codec: TextCodec, served_names: list[str], root: str, max_model_len: int
+    ) -> None:
         self.engine = engine
         self.codec = codec
         self.names = served_names
@@ -126,14 +123,34 @@ class SimApi:
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())
-        cards = [{
-            "id": name, "object": "model", "created": created, "owned_by": "vllm", "root": self.root, "parent": None,
-            "max_model_len": self.max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
-                            "created": created, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}],
-        } for name in self.names]
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.root,
+                "parent": None,
+                "max_model_len": self.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.names
+        ]
         return web.json_response({"object": "list", "data": cards}, dumps=_dumps)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -152,8 +169,12 @@ class SimApi:
             raise ApiError("the request body must be a JSON object")
         model = body.get("model")
         if model and model not in self.names:
-            raise ApiError(f"The model `{model}` does not exist. Valid aliases: {', '.join(self.names)}.",
-                           404, "NotFoundError", "model")
+            raise ApiError(
+                f"The model `{model}` does not exist. Valid aliases: {', '.join(self.names)}.",
+                404,
+                "NotFoundError",
+                "model",
+            )
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -167,17 +188,23 @@ class SimApi:
             raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
         mml = self.max_model_len
         if len(ids) > mml:
-            raise ApiError(f"This model's maximum context length is {mml} tokens. However, your prompt contains "
-                           f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. "
-                           f"Please reduce the length of the input prompt. (parameter=input_tokens, "
-                           f"value={len(ids)})", param="input_tokens")
+            raise ApiError(
+                f"This model's maximum context length is {mml} tokens. However, your prompt contains "
+                f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, "
+                f"value={len(ids)})",
+                param="input_tokens",
+            )
         if mt is not None:
             if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
                 raise ApiError(f"max_tokens must be a non-negative integer, got {mt!r}", param="max_tokens")
             if mt > mml:
                 name = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
-                raise ApiError(f"{name}={mt} cannot be greater than max_model_len={mml}. Please request fewer "
-                               f"output tokens. (parameter={name}, value={mt})", param=name)
+                raise ApiError(
+                    f"{name}={mt} cannot be greater than max_model_len={mml}. Please request fewer "
+                    f"output tokens. (parameter={name}, value={mt})",
+                    param=name,
+                )
         # vLLM's get_max_tokens: the request's limit, clamped to what the context leaves
         limit = mml - len(ids) if mt is None else min(mt, mml - len(ids))
         opts = body.get("stream_options") or {}
@@ -185,11 +212,17 @@ class SimApi:
         seed = body.get("seed")
         base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         return _Call(
-            chat=chat, rid=("chatcmpl-" if chat else "cmpl-") + base, ids=ids, max_tokens=limit, max_tokens_param=mt,
-            ignore_eos=bool(body.get("ignore_eos", False)), stream=bool(body.get("stream", False)),
+            chat=chat,
+            rid=("chatcmpl-" if chat else "cmpl-") + base,
+            ids=ids,
+            max_tokens=limit,
+            max_tokens_param=mt,
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            stream=bool(body.get("stream", False)),
             include_usage=include_usage,
             continuous_usage=include_usage and bool(opts.get("continuous_usage_stats")),
-            seed=seed if isinstance(seed, int) else None, min_tokens=int(body.get("min_tokens") or 0),
+            seed=seed if isinstance(seed, int) else None,
+            min_tokens=int(body.get("min_tokens") or 0),
         )
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
@@ -200,8 +233,7 @@ class SimApi:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)  # token ids, as vLLM accepts them
         if isinstance(prompt, list) and len(prompt) > 1:
-            raise ApiError("vllm-sim serves one prompt per request; send a batch as separate requests",
-                           param="prompt")
+            raise ApiError("vllm-sim serves one prompt per request; send a batch as separate requests", param="prompt")
         raise ApiError("prompt: a string or a list of token ids is required", param="prompt")
 
     # -- generation ------------------------------------------------------------------------------
@@ -223,8 +255,11 @@ class SimApi:
         text_seed = hash(call.rid) & 0xFFFF
         if call.max_tokens == 0:
             return await self._respond_empty(request, call, created)
-        n = call.max_tokens if call.ignore_eos else min(call.max_tokens, eos_length(call.ids, call.seed,
-                                                                                        call.min_tokens))
+        n = (
+            call.max_tokens
+            if call.ignore_eos
+            else min(call.max_tokens, eos_length(call.ids, call.seed, call.min_tokens))
+        )
         bs = self.engine.engine.config.block_size
         req = Request(f"{call.rid}-{next(self._ids)}", len(call.ids), n, loop.time(), block_hashes(call.ids, bs))
         s = Stream(req, req.arrival_s, call.max_tokens, call.max_tokens_param, text_seed)
@@ -258,24 +293,64 @@ class SimApi:
         usage = {**self._usage(len(call.ids), n), "prompt_tokens_details": None, "completion_tokens_details": None}
         if call.chat:
             body: dict[str, Any] = {
-                "id": call.rid, "object": "chat.completion", "created": created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
-                                                     "annotations": None, "audio": None, "function_call": None,
-                                                     "reasoning": None},
-                             "logprobs": None, "finish_reason": s.finish_reason, "stop_reason": None,
-                             "token_ids": None, "routed_experts": None}],
-                "service_tier": None, "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
-                "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
-                "ec_transfer_params": None, "metrics": None,
+                "id": call.rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": s.finish_reason,
+                        "stop_reason": None,
+                        "token_ids": None,
+                        "routed_experts": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
         else:
             body = {
-                "id": call.rid, "object": "text_completion", "created": created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": s.finish_reason,
-                             "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                             "prompt_token_ids": None, "routed_experts": None}],
-                "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None,
-                "ec_transfer_params": None, "metrics": None,
+                "id": call.rid,
+                "object": "text_completion",
+                "created": created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": s.finish_reason,
+                        "stop_reason": None,
+                        "token_ids": None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
         return web.Response(text=_dumps(body), content_type="application/json")
 
@@ -310,8 +385,10 @@ class SimApi:
                 if call.chat:
                     if sent == 0:
                         # vLLM sends the role with the first engine output, not when the request arrives
-                        role = ('"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                                '"finish_reason":null}]')
+                        role = (
+                            '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                            '"finish_reason":null}]'
+                        )
                         if call.continuous_usage:
                             role += f',"usage":{_dumps(self._usage(prompt_len, 0))}'
                         out.append(head + role + ',"prompt_token_ids":null,"prompt_text":null}\n\n')
@@ -339,6 +416,7 @@ class SimApi:
 
 
 # --- start-up and serving -------------------------------------------------------------------------
+
 
 @dataclass
 class ServeOptions:
@@ -368,8 +446,10 @@ def print_validation_error(error: str, stream: TextIO | None = None) -> None:
     print("Traceback (most recent call last):", file=out)
     print('  File "vllm/engine/arg_utils.py", in create_engine_config', file=out)
     print(f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {_config_class(error)}", file=out)
-    print(f"  Value error, {error} [type=value_error, input_value=ArgsKwargs((), {{...}}), input_type=ArgsKwargs]",
-          file=out)
+    print(
+        f"  Value error, {error} [type=value_error, input_value=ArgsKwargs((), {{...}}), input_type=ArgsKwargs]",
+        file=out,
+    )
     print("    For further information visit https://errors.pydantic.dev/2.12/v/value_error", file=out, flush=True)
 
 
@@ -382,8 +462,11 @@ def print_startup_failure(lines: Sequence[str]) -> None:
     for line in lines:
         print(prefix + line, flush=True)
     print("Traceback (most recent call last):", file=sys.stderr)
-    print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-          file=sys.stderr, flush=True)
+    print(
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -425,8 +508,12 @@ async def serve(opts: ServeOptions) -> int:
     except OSError as e:
         print("Traceback (most recent call last):", file=sys.stderr)
         print(f"OSError: [Errno {e.errno}] {e.strerror}", file=sys.stderr, flush=True)
-        log("ERROR", "api_server.py", f"OSError: [Errno {e.errno}] {e.strerror} ({opts.host}:{opts.port})",
-            stream=sys.stderr)
+        log(
+            "ERROR",
+            "api_server.py",
+            f"OSError: [Errno {e.errno}] {e.strerror} ({opts.host}:{opts.port})",
+            stream=sys.stderr,
+        )
         return 1
     try:
         error = c.validate()
@@ -475,8 +562,13 @@ async def serve(opts: ServeOptions) -> int:
             log("WARNING", "api_server.py", "open connections did not close within 1 s: leaving them")
         if crashed:
             exc = crashed[0].exception()
-            log("ERROR", "core.py", f"EngineCore encountered a fatal error: {exc!r}", proc="EngineCore",
-                stream=sys.stderr)
+            log(
+                "ERROR",
+                "core.py",
+                f"EngineCore encountered a fatal error: {exc!r}",
+                proc="EngineCore",
+                stream=sys.stderr,
+            )
             return 1
         print(f"(APIServer pid={PID}) INFO:     Application shutdown complete.", flush=True)
         return 0

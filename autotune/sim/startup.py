@@ -88,8 +88,9 @@ def activation_peak(shape: ModelShape, config: SimConfig) -> tuple[int, int]:
     tp = config.tensor_parallel_size
     n = config.max_num_batched_tokens
     # residual + normed hidden states, q/k/v, and the gated MLP's two intermediates, bf16
-    per_token = 2 * (4 * shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp
-                     + 2 * shape.intermediate // tp)
+    per_token = 2 * (
+        4 * shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp + 2 * shape.intermediate // tp
+    )
     # fp32 logits and probabilities for max_num_seqs dummy requests (the vocabulary is split by TP)
     sampler = config.max_num_seqs * shape.vocab * 4 * 2 // tp
     return n * per_token, sampler
@@ -103,22 +104,32 @@ def cudagraph_bytes(shape: ModelShape, config: SimConfig) -> int:
     return (shape.layers * max(sizes) * shape.hidden * 2 * 4) // config.tensor_parallel_size + len(sizes) * 4 * MiB
 
 
-def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_by_others: int = 0,
-                 device: str = "cuda:0") -> Startup:
+def plan_startup(
+    shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_by_others: int = 0, device: str = "cuda:0"
+) -> Startup:
     s = Startup()
     gpus = config.gpus
     total = gpu.memory_bytes
     free = total - used_by_others
     requested = int(config.gpu_memory_utilization * total)
-    s.phases.append(Phase(6.0, (f"Initializing a V1 LLM engine (v0.33.0) with config: max_seq_len={config.max_model_len}, "
-                                f"tensor_parallel_size={config.tensor_parallel_size}, "
-                                f"enforce_eager={config.enforce_eager}, "
-                                f"enable_prefix_caching={config.enable_prefix_caching}, "
-                                f"enable_chunked_prefill={config.enable_chunked_prefill}",)))
+    s.phases.append(
+        Phase(
+            6.0,
+            (
+                f"Initializing a V1 LLM engine (v0.33.0) with config: max_seq_len={config.max_model_len}, "
+                f"tensor_parallel_size={config.tensor_parallel_size}, "
+                f"enforce_eager={config.enforce_eager}, "
+                f"enable_prefix_caching={config.enable_prefix_caching}, "
+                f"enable_chunked_prefill={config.enable_chunked_prefill}",
+            ),
+        )
+    )
     if config.kv_cache_memory_bytes is None and free < requested:
-        s.failure = (f"ValueError: Free memory on device {device} ({_gib(free)}/{_gib(total)} GiB) on startup is less "
-                     f"than desired GPU memory utilization ({config.gpu_memory_utilization}, {_gib(requested)} GiB). "
-                     "Decrease GPU memory utilization or reduce GPU memory used by other processes.",)
+        s.failure = (
+            f"ValueError: Free memory on device {device} ({_gib(free)}/{_gib(total)} GiB) on startup is less "
+            f"than desired GPU memory utilization ({config.gpu_memory_utilization}, {_gib(requested)} GiB). "
+            "Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        )
         return s
 
     weights = shape.weights_bytes // gpus
@@ -126,9 +137,11 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
     if weights > free - NON_TORCH_BYTES:
         s.phases.append(Phase(load_s * 0.8, ()))
         chunk = min(weights, 1 * GiB) // MiB
-        s.failure = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {chunk}.00 MiB. GPU 0 has a total "
-                     f"capacity of {_gib(total)} GiB of which {_gib(max(free - weights, 0) * 0.01)} GiB is free. "
-                     f"Including non-PyTorch memory, this process has {_gib(free)} GiB memory in use.",)
+        s.failure = (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {chunk}.00 MiB. GPU 0 has a total "
+            f"capacity of {_gib(total)} GiB of which {_gib(max(free - weights, 0) * 0.01)} GiB is free. "
+            f"Including non-PyTorch memory, this process has {_gib(free)} GiB memory in use.",
+        )
         return s
     s.phases.append(Phase(load_s, (f"Model loading took {_gib(weights)} GiB memory and {load_s:.6f} seconds",)))
     if not config.enforce_eager:
@@ -139,12 +152,16 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
     if weights + non_torch + forward + sampler > free:
         s.phases.append(Phase(2.0, ()))
         if weights + non_torch + forward <= free:
-            s.failure = (f"RuntimeError: CUDA out of memory occurred when warming up sampler with "
-                         f"{config.max_num_seqs} dummy requests. Please try lowering `max_num_seqs` or "
-                         "`gpu_memory_utilization` when initializing the engine.",)
+            s.failure = (
+                f"RuntimeError: CUDA out of memory occurred when warming up sampler with "
+                f"{config.max_num_seqs} dummy requests. Please try lowering `max_num_seqs` or "
+                "`gpu_memory_utilization` when initializing the engine.",
+            )
         else:
-            s.failure = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                         f"{forward // (4 * MiB)}.00 MiB. GPU 0 has a total capacity of {_gib(total)} GiB.",)
+            s.failure = (
+                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                f"{forward // (4 * MiB)}.00 MiB. GPU 0 has a total capacity of {_gib(total)} GiB.",
+            )
         return s
     graphs = cudagraph_bytes(shape, config)
     kv_per_token = shape.kv_bytes_per_token(config.kv_cache_dtype, config.dtype) // gpus
@@ -155,10 +172,12 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
         kv = requested - weights - forward - sampler - non_torch - (graphs if config.era != "v0" else 0)
     s.phases.append(Phase(2.0, (f"Available KV cache memory: {_gib(kv)} GiB",)))
     if kv <= 0:
-        s.failure = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-                     "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
-                     "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
-                     "conserving_memory/ for more details.",)
+        s.failure = (
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+            "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
+            "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
+            "conserving_memory/ for more details.",
+        )
         return s
     # vLLM counts whole blocks (max_memory_usage_bytes: cdiv(max_model_len, block_size) pages), so a
     # max_model_len just past the estimated maximum fails instead of starting with a cache shorter
@@ -167,23 +186,35 @@ def plan_startup(shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_
     if need > kv:
         est = (kv // kv_per_token) // config.block_size * config.block_size
         est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
-        s.failure = (f"ValueError: To serve at least one request with the model's max seq len ({config.max_model_len}), "
-                     f"({_gib(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
-                     f"({_gib(kv)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also controls CPU "
-                     "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
-                     "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",)
+        s.failure = (
+            f"ValueError: To serve at least one request with the model's max seq len ({config.max_model_len}), "
+            f"({_gib(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({_gib(kv)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also controls CPU "
+            "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+        )
         return s
     if weights + forward + sampler + non_torch + graphs + kv > free:
         # --kv-cache-memory-bytes bypasses the budget: the allocation itself fails
-        s.failure = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {kv // MiB}.00 MiB. "
-                     f"GPU 0 has a total capacity of {_gib(total)} GiB.",)
+        s.failure = (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {kv // MiB}.00 MiB. "
+            f"GPU 0 has a total capacity of {_gib(total)} GiB.",
+        )
         return s
     blocks = kv // (kv_per_token * config.block_size)
     tokens = blocks * config.block_size
-    s.plan = MemoryPlan(total, requested, weights, forward + sampler, non_torch, graphs, kv, kv_per_token, blocks,
-                        config.block_size)
-    s.phases.append(Phase(0.5, (f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
-                                f"{config.max_model_len:,} tokens per request: {tokens / config.max_model_len:.2f}x",)))
+    s.plan = MemoryPlan(
+        total, requested, weights, forward + sampler, non_torch, graphs, kv, kv_per_token, blocks, config.block_size
+    )
+    s.phases.append(
+        Phase(
+            0.5,
+            (
+                f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+                f"{config.max_model_len:,} tokens per request: {tokens / config.max_model_len:.2f}x",
+            ),
+        )
+    )
     sizes = capture_sizes(config)
     if sizes:
         secs = 2.0 + 0.08 * len(sizes) * math.sqrt(shape.layers / 32)

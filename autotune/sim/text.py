@@ -23,12 +23,72 @@ __all__ = ["EOS_MEAN_TOKENS", "TextCodec", "chat_prompt", "eos_length", "token_t
 
 EOS_MEAN_TOKENS = 256  # mean output length when EOS is not ignored (EOS probability 1/256 a token)
 # Generated text: one short word piece per token, always non-empty (benchmarks count chunks with text).
-WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " was", " with",
-         " be", " by", " on", " not", " he", " this", " are", " or", " his", " from", " at", " which",
-         " but", " have", " an", " had", " they", " you", " were", " their", " one", " all", " we", " can",
-         " her", " has", " there", " been", " if", " more", " when", " will", " would", " who", " so",
-         " no", " time", " out", " up", " new", " some", " could", " these", " two", " may", " first",
-         " then", " do", " any", " like", " my")
+WORDS = (
+    " the",
+    " of",
+    " and",
+    " to",
+    " in",
+    " a",
+    " is",
+    " that",
+    " for",
+    " it",
+    " as",
+    " was",
+    " with",
+    " be",
+    " by",
+    " on",
+    " not",
+    " he",
+    " this",
+    " are",
+    " or",
+    " his",
+    " from",
+    " at",
+    " which",
+    " but",
+    " have",
+    " an",
+    " had",
+    " they",
+    " you",
+    " were",
+    " their",
+    " one",
+    " all",
+    " we",
+    " can",
+    " her",
+    " has",
+    " there",
+    " been",
+    " if",
+    " more",
+    " when",
+    " will",
+    " would",
+    " who",
+    " so",
+    " no",
+    " time",
+    " out",
+    " up",
+    " new",
+    " some",
+    " could",
+    " these",
+    " two",
+    " may",
+    " first",
+    " then",
+    " do",
+    " any",
+    " like",
+    " my",
+)
 
 
 class TextCodec:
@@ -66,7 +126,7 @@ class TextCodec:
         # equal text prefixes give equal ids and the count is what virtual.py assumes for text traces.
         b = text.encode()
         k = max(1, len(b) // 4)
-        return [int.from_bytes(b[4 * i:4 * i + 4] if i < k - 1 else b[4 * i:], "little") for i in range(k)]
+        return [int.from_bytes(b[4 * i : 4 * i + 4] if i < k - 1 else b[4 * i :], "little") for i in range(k)]
 
 
 def chat_prompt(messages: Sequence[dict[str, Any]]) -> str:
@@ -83,8 +143,9 @@ def chat_prompt(messages: Sequence[dict[str, Any]]) -> str:
 def eos_length(token_ids: Sequence[int], seed: int | None = None, min_tokens: int = 0) -> int:
     """Where a request would emit EOS: geometric with mean EOS_MEAN_TOKENS, fixed by the prompt (and seed)."""
     # a digest, not hash(): the same request must end at the same length in every process
-    digest = hashlib.blake2b(array("Q", (t & 0xFFFFFFFFFFFFFFFF for t in token_ids)).tobytes(), digest_size=8,
-                             key=str(seed).encode()[:64]).digest()
+    digest = hashlib.blake2b(
+        array("Q", (t & 0xFFFFFFFFFFFFFFFF for t in token_ids)).tobytes(), digest_size=8, key=str(seed).encode()[:64]
+    ).digest()
     u = random.Random(int.from_bytes(digest, "little")).random()
     # inverse CDF of the geometric distribution with p = 1/EOS_MEAN_TOKENS, lengths from 1
     n = 1 + int(math.log(1.0 - u) / math.log(1.0 - 1.0 / EOS_MEAN_TOKENS))

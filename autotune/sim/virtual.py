@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.engine.model import ModelShape
+from autotune.measure.metrics import RequestResult, summarize
+from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import FrontEnd, StepModel
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import Request, Scheduler, block_hashes
 from autotune.sim.startup import MemoryPlan, Startup, plan_startup
-from autotune.measure.metrics import RequestResult, summarize
-from autotune.measure.slo import SLO
 from autotune.workload.trace import Workload
 
 __all__ = ["SimEngine", "StartupFailed", "simulate", "capacity"]
@@ -43,8 +43,14 @@ class SimEngine:
     front_end: FrontEnd | None = None  # the API server's costs (perf.FrontEnd); None: the engine alone
 
     @classmethod
-    def start(cls, shape: ModelShape, gpu: GpuProfile, config: SimConfig, used_by_others: int = 0,
-              front_end: FrontEnd | None = None) -> SimEngine:
+    def start(
+        cls,
+        shape: ModelShape,
+        gpu: GpuProfile,
+        config: SimConfig,
+        used_by_others: int = 0,
+        front_end: FrontEnd | None = None,
+    ) -> SimEngine:
         s = plan_startup(shape, gpu, config, used_by_others=used_by_others)
         if s.plan is None:
             raise StartupFailed(s)
@@ -52,11 +58,16 @@ class SimEngine:
 
     def __post_init__(self) -> None:
         c = self.config
-        self.scheduler = Scheduler(num_blocks=self.plan.num_blocks, block_size=c.block_size,
-                                   max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-                                   chunked_prefill=c.enable_chunked_prefill, prefix_caching=c.enable_prefix_caching,
-                                   long_prefill_token_threshold=c.long_prefill_token_threshold,
-                                   max_model_len=c.max_model_len)
+        self.scheduler = Scheduler(
+            num_blocks=self.plan.num_blocks,
+            block_size=c.block_size,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            chunked_prefill=c.enable_chunked_prefill,
+            prefix_caching=c.enable_prefix_caching,
+            long_prefill_token_threshold=c.long_prefill_token_threshold,
+            max_model_len=c.max_model_len,
+        )
         self.step_model = StepModel(self.shape, self.gpu, c)
 
 
@@ -66,8 +77,9 @@ def _prompt_tokens(r) -> int:
     return max(1, len(((r.prefix or "") + (r.prompt or "")).encode()) // 4)  # text-only traces: ~4 bytes a token
 
 
-def prompt_blocks(index: int | str, prompt_len: int, prefix_group: str | None, prefix_tokens: int,
-                  block_size: int) -> list[tuple[object, int]]:
+def prompt_blocks(
+    index: int | str, prompt_len: int, prefix_group: str | None, prefix_tokens: int, block_size: int
+) -> list[tuple[object, int]]:
     """A stand-in for each full block of a prompt whose tokens are not known, for ``block_hashes``.
 
     Blocks wholly inside a shared prefix are ``(prefix_group, i)``, alike across the group; the
@@ -78,9 +90,16 @@ def prompt_blocks(index: int | str, prompt_len: int, prefix_group: str | None, p
     return [(prefix_group, i) if i < shared else (index, i) for i in range(prompt_len // block_size)]
 
 
-def simulate(engine: SimEngine, workload: Workload, *, warmup: int = 0, keep_itl: bool = False,
-             on_step: Callable[[float, int], None] | None = None, max_concurrency: int | None = None,
-             prompt_ids: Sequence[Sequence[int]] | None = None) -> list[RequestResult]:
+def simulate(
+    engine: SimEngine,
+    workload: Workload,
+    *,
+    warmup: int = 0,
+    keep_itl: bool = False,
+    on_step: Callable[[float, int], None] | None = None,
+    max_concurrency: int | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+) -> list[RequestResult]:
     """Replay ``workload`` (arrival times as given) on the engine; one result per request.
 
     ``warmup``: first send that many of the workload's requests at once, 16 tokens each, and
@@ -95,17 +114,36 @@ def simulate(engine: SimEngine, workload: Workload, *, warmup: int = 0, keep_itl
     prompt is its token count, its prefix group and stand-in blocks (``prompt_blocks``).
     """
     if warmup > 0:
-        warm = [replace(r, arrival_s=0.0, output_tokens=min(r.output_tokens, 16))
-                for r in workload.requests[:warmup]]
-        _run(engine, Workload(tuple(warm), "warm-up"), keep_itl=False, on_step=None, tag="warm-up",
-             prompt_ids=None if prompt_ids is None else prompt_ids[:warmup])
-    return _run(engine, workload, keep_itl=keep_itl, on_step=on_step, tag="", max_concurrency=max_concurrency,
-                prompt_ids=prompt_ids)
+        warm = [replace(r, arrival_s=0.0, output_tokens=min(r.output_tokens, 16)) for r in workload.requests[:warmup]]
+        _run(
+            engine,
+            Workload(tuple(warm), "warm-up"),
+            keep_itl=False,
+            on_step=None,
+            tag="warm-up",
+            prompt_ids=None if prompt_ids is None else prompt_ids[:warmup],
+        )
+    return _run(
+        engine,
+        workload,
+        keep_itl=keep_itl,
+        on_step=on_step,
+        tag="",
+        max_concurrency=max_concurrency,
+        prompt_ids=prompt_ids,
+    )
 
 
-def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Callable[[float, int], None] | None,
-         tag: str, max_concurrency: int | None = None,
-         prompt_ids: Sequence[Sequence[int]] | None = None) -> list[RequestResult]:
+def _run(
+    engine: SimEngine,
+    workload: Workload,
+    *,
+    keep_itl: bool,
+    on_step: Callable[[float, int], None] | None,
+    tag: str,
+    max_concurrency: int | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+) -> list[RequestResult]:
     sched = engine.scheduler
     bs = engine.config.block_size
     arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
@@ -122,8 +160,16 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
             # one stand-in per block: block size 1 for the hashes
             hashes = block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)
         reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s, hashes))
-        results.append(RequestResult(index=i, scheduled_s=r.arrival_s, sent_s=r.arrival_s, success=False,
-                                     prompt_tokens=n, expected_output_tokens=r.output_tokens))
+        results.append(
+            RequestResult(
+                index=i,
+                scheduled_s=r.arrival_s,
+                sent_s=r.arrival_s,
+                success=False,
+                prompt_tokens=n,
+                expected_output_tokens=r.output_tokens,
+            )
+        )
         last.append(0.0)
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
@@ -164,7 +210,7 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
         produced = sched.finish_step(plan)
         seen = now if fe is None else fe.deliver(now, len(produced))  # when the client has the tokens
         for req in produced:
-            i = int(req.id[len(tag):])
+            i = int(req.id[len(tag) :])
             res = results[i]
             t = seen - req.arrival_s
             if req.num_output == 1:
@@ -182,13 +228,21 @@ def _run(engine: SimEngine, workload: Workload, *, keep_itl: bool, on_step: Call
     return results
 
 
-def capacity(start: Callable[[], SimEngine], workload_at: Callable[[float], Workload], slos: list[SLO], *,
-             lo: float = 0.25, hi: float = 64.0, resolution: float = 1.02) -> tuple[float, float]:
+def capacity(
+    start: Callable[[], SimEngine],
+    workload_at: Callable[[float], Workload],
+    slos: list[SLO],
+    *,
+    lo: float = 0.25,
+    hi: float = 64.0,
+    resolution: float = 1.02,
+) -> tuple[float, float]:
     """(highest load factor where every SLO holds, its request rate), by bisection on the load.
 
     Assumes that a config meeting its SLOs at some load meets them at every lower one: true of
     queueing latency, and what a load ladder assumes too. 0 when even ``lo`` misses.
     """
+
     def holds(load: float) -> tuple[bool, float]:
         w = workload_at(load)
         s = summarize(simulate(start(), w), slos)

@@ -21,6 +21,7 @@ from autotune.study.space import Space
 
 __all__ = ["BaselinePoint", "baseline_points", "check_builtin"]
 
+
 @dataclass(frozen=True)
 class BaselinePoint:
     name: str
@@ -33,13 +34,15 @@ def check_builtin(engine: EngineKind, names: Sequence[str], where: str) -> tuple
     """``names`` (a study's ``builtin = [...]``), each one of the engine kind's built-in baselines."""
     if any(name not in engine.baselines for name in names):
         known = ", ".join(engine.baselines) or "none"
-        raise ConfigError(f"{where} must name {engine.display_name}'s built-in baselines ({known}), "
-                          f"got {show(list(names))}")
+        raise ConfigError(
+            f"{where} must name {engine.display_name}'s built-in baselines ({known}), got {show(list(names))}"
+        )
     return tuple(names)
 
 
-def baseline_points(space: Space, builtin: tuple[str, ...] | None,
-                    extra: list[tuple[str, dict[str, Any]]]) -> list[BaselinePoint]:
+def baseline_points(
+    space: Space, builtin: tuple[str, ...] | None, extra: list[tuple[str, dict[str, Any]]]
+) -> list[BaselinePoint]:
     """The points of every baseline: ``builtin`` names the engine kind's to run (None: all of them;
     ``check_builtin`` has made sure, at study load, that each name is the kind's)."""
     points = []

@@ -18,18 +18,33 @@ from autotune.engine.gpu import GpuInfo
 from autotune.engine.kind import EngineKind
 from autotune.engine.model import ModelFiles, locate, parse_bytes
 from autotune.errors import ConfigError, SLOSyntaxError
-from autotune.units import parse_duration
+from autotune.measure.slo import SLO, parse_slos
 from autotune.study.baselines import check_builtin
 from autotune.study.scoring import KINDS as SCORING_KINDS
 from autotune.study.scoring import Scoring, scoring_for
 from autotune.study.space import Param, check_range, default_space
-from autotune.measure.slo import SLO, parse_slos
+from autotune.units import parse_duration
 from autotune.workload.source import WorkloadSpec
 
 __all__ = ["StudyDefinition", "Objective", "Budget", "Baseline", "load_study", "read_slos", "derive_study"]
 
-_TOP = {"name", "storage", "heartbeat", "engine", "space", "workload", "slos", "objective", "budget", "baselines", "sampler",
-        "precheck", "remeasure", "seed", "runs_dir"}
+_TOP = {
+    "name",
+    "storage",
+    "heartbeat",
+    "engine",
+    "space",
+    "workload",
+    "slos",
+    "objective",
+    "budget",
+    "baselines",
+    "sampler",
+    "precheck",
+    "remeasure",
+    "seed",
+    "runs_dir",
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +108,15 @@ class StudyDefinition:
         """Where the model's files are, found as vLLM finds them (at the engine's revision)."""
         return locate(self.command.model, self.fixed.values.get("revision"))
 
-    def with_overrides(self, *, slos: list[str] | None = None, trials: int | None = None,
-                       timeout: str | None = None, storage: str | None = None, name: str | None = None) -> StudyDefinition:
+    def with_overrides(
+        self,
+        *,
+        slos: list[str] | None = None,
+        trials: int | None = None,
+        timeout: str | None = None,
+        storage: str | None = None,
+        name: str | None = None,
+    ) -> StudyDefinition:
         d = self
         if slos:
             d = replace(d, slos=parse_slos(slos))
@@ -120,8 +142,9 @@ def _default_storage(d: StudyDefinition) -> str:
 _SEE = "see 'Writing a study' in docs/study-file.md"
 
 
-def load_study(path: str | Path, *, default_platform: str | None = None,
-               default_runs_dir: Path | None = None) -> StudyDefinition:
+def load_study(
+    path: str | Path, *, default_platform: str | None = None, default_runs_dir: Path | None = None
+) -> StudyDefinition:
     """``default_runs_dir``: the runs_dir of a file that names none (else ``runs``, under the working directory);
     a file that names no storage keeps its Optuna storage there too (runs_dir/studies.db)."""
     p = Path(path)
@@ -136,12 +159,16 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
     model = eng.string("model")
     platform = eng.string("platform", default_platform or "cuda", choices=("cuda", "cpu"))
     args, env = eng.table("args"), eng.table("env")
-    engine = EngineCommand(model=model, command=_command(eng), host=eng.string("host", "127.0.0.1"),
-                           port=eng.integer("port", 8100, at_least=1, at_most=65535),
-                           allow_trust_remote_code=eng.boolean("allow_trust_remote_code", False),
-                           # on a CPU host the engine and the replay client share the cores: the client goes first
-                           nice=eng.integer("nice", 10 if platform == "cpu" else 0, at_least=-20, at_most=19),
-                           kind=eng.string("kind", ""))
+    engine = EngineCommand(
+        model=model,
+        command=_command(eng),
+        host=eng.string("host", "127.0.0.1"),
+        port=eng.integer("port", 8100, at_least=1, at_most=65535),
+        allow_trust_remote_code=eng.boolean("allow_trust_remote_code", False),
+        # on a CPU host the engine and the replay client share the cores: the client goes first
+        nice=eng.integer("nice", 10 if platform == "cpu" else 0, at_least=-20, at_most=19),
+        kind=eng.string("kind", ""),
+    )
     kind = engine.engine_kind  # an unknown kind is an error now, not at the first trial
     startup = eng.duration("startup_timeout", 900.0, above=0)
     gpus = _gpus(eng.table("gpu")) if "gpu" in eng else None
@@ -155,20 +182,27 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
     if "space" in top:
         space = top.table("space")
         if not space.keys():
-            raise ConfigError(f"{space.where} is empty, so it would search nothing: name a parameter, "
-                              "or leave [space] out to search the engine's default space")
+            raise ConfigError(
+                f"{space.where} is empty, so it would search nothing: name a parameter, "
+                "or leave [space] out to search the engine's default space"
+            )
         params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space.keys())
 
     wl = top.table("workload")
-    overrides: dict[str, object] = {key: _token_range(wl, key)
-                                    for key in ("prompt_tokens", "output_tokens", "prefix_tokens") if key in wl}
+    overrides: dict[str, object] = {
+        key: _token_range(wl, key) for key in ("prompt_tokens", "output_tokens", "prefix_tokens") if key in wl
+    }
     if "prefix_groups" in wl:
         overrides["prefix_groups"] = wl.integer("prefix_groups", at_least=1)
     trace = wl.string("trace", None)
     workload = WorkloadSpec(
-        trace=(p.parent / trace) if trace else None, scenario=wl.string("scenario", None),
-        rate=wl.number("rate", None, above=0), num_requests=wl.integer("requests", 200, at_least=1),
-        burstiness=wl.number("burstiness", 1.0, above=0), seed=wl.integer("seed", 0), overrides=overrides,
+        trace=(p.parent / trace) if trace else None,
+        scenario=wl.string("scenario", None),
+        rate=wl.number("rate", None, above=0),
+        num_requests=wl.integer("requests", 200, at_least=1),
+        burstiness=wl.number("burstiness", 1.0, above=0),
+        seed=wl.integer("seed", 0),
+        overrides=overrides,
         api=wl.string("api", None, choices=("completion", "chat")),
         tokenizer=_tokenizer(wl.string("tokenizer", None), fixed.values, model),
         no_tokenizer=_no_tokenizer(model, fixed.values.get("revision"), where),
@@ -180,14 +214,16 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
     slos = read_slos(top)
 
     obj = top.table("objective")
-    objective = Objective(kind=obj.string("kind", "capacity", choices=SCORING_KINDS),
-                          start_load=obj.number("start_load", 1.0, above=0),
-                          max_steps=obj.integer("max_steps", 4, at_least=1),
-                          resolution=obj.number("resolution", 1.25, above=1),
-                          step_seconds=obj.duration("step_duration", None, above=0),
-                          race=obj.boolean("race", True),
-                          simulate_first=obj.boolean("simulate_first", True),
-                          cut_lost_steps=obj.boolean("cut_lost_steps", True))
+    objective = Objective(
+        kind=obj.string("kind", "capacity", choices=SCORING_KINDS),
+        start_load=obj.number("start_load", 1.0, above=0),
+        max_steps=obj.integer("max_steps", 4, at_least=1),
+        resolution=obj.number("resolution", 1.25, above=1),
+        step_seconds=obj.duration("step_duration", None, above=0),
+        race=obj.boolean("race", True),
+        simulate_first=obj.boolean("simulate_first", True),
+        cut_lost_steps=obj.boolean("cut_lost_steps", True),
+    )
     obj.done()
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")
@@ -206,13 +242,29 @@ def load_study(path: str | Path, *, default_platform: str | None = None,
     rm.done()
 
     d = StudyDefinition(
-        name=name, command=engine, fixed=fixed, params=params, platform=platform, workload=workload, slos=slos,
-        objective=objective, budget=budget, storage=top.string("storage", ""),
-        sampler=top.string("sampler", "tpe", choices=("tpe", "random", "gp")), seed=top.integer("seed", None),
-        baselines=baselines, builtin_baselines=builtin, precheck=top.boolean("precheck", True),
-        remeasure_top=top_n, remeasure_repeats=repeats, startup_timeout_s=startup,
-        runs_dir=Path(top.string("runs_dir", str(default_runs_dir or "runs"))), source=p, gpus=gpus,
-        heartbeat_s=top.duration("heartbeat", 60.0, above=0), secret_env=secret_env,
+        name=name,
+        command=engine,
+        fixed=fixed,
+        params=params,
+        platform=platform,
+        workload=workload,
+        slos=slos,
+        objective=objective,
+        budget=budget,
+        storage=top.string("storage", ""),
+        sampler=top.string("sampler", "tpe", choices=("tpe", "random", "gp")),
+        seed=top.integer("seed", None),
+        baselines=baselines,
+        builtin_baselines=builtin,
+        precheck=top.boolean("precheck", True),
+        remeasure_top=top_n,
+        remeasure_repeats=repeats,
+        startup_timeout_s=startup,
+        runs_dir=Path(top.string("runs_dir", str(default_runs_dir or "runs"))),
+        source=p,
+        gpus=gpus,
+        heartbeat_s=top.duration("heartbeat", 60.0, above=0),
+        secret_env=secret_env,
     )
     return d.with_overrides()
 
@@ -231,8 +283,9 @@ def _command(eng: Table) -> tuple[str, ...]:
     try:
         return EngineCommand.parse_command(text)
     except ValueError as e:  # shlex: an unbalanced quote or a trailing backslash
-        raise ConfigError(f"{eng.name('command')} must split like a shell line, got {show(text)} "
-                          f"({str(e).lower()})") from None
+        raise ConfigError(
+            f"{eng.name('command')} must split like a shell line, got {show(text)} ({str(e).lower()})"
+        ) from None
     except ConfigError as e:
         raise ConfigError(f"{eng.name('command')}: {e}") from None
 
@@ -241,8 +294,11 @@ def _token_range(wl: Table, key: str) -> tuple[int, int]:
     """``prompt_tokens = 128`` or ``[64, 256]``."""
     value = wl.value(key)
     pair = [value, value] if not isinstance(value, list) else value
-    if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair) \
-            or not 0 <= pair[0] <= pair[1]:
+    if (
+        len(pair) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)
+        or not 0 <= pair[0] <= pair[1]
+    ):
         raise wl.wrong(key, "N or [low, high] with 0 <= low <= high")
     return pair[0], pair[1]
 
@@ -251,8 +307,9 @@ def _baselines(bl: Table, searched: tuple[Param, ...], kind: EngineKind) -> tupl
     """``production = { ... }`` and ``extra = [{ name = ..., values = { ... } }]``, each value checked now
     against the parameter it sets (the space's, else the engine's default space) and the engine's ranges."""
     entries = bl.value("extra", [])
-    if not isinstance(entries, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str)
-                                                and isinstance(x.get("values"), dict) for x in entries):
+    if not isinstance(entries, list) or not all(
+        isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("values"), dict) for x in entries
+    ):
         raise ConfigError(f"{bl.name('extra')} entries are {{ name = ..., values = {{ ... }} }}")
     named = [(f"{bl.name('extra')}[{i}].values", Baseline(x["name"], dict(x["values"]))) for i, x in enumerate(entries)]
     if "production" in bl:
@@ -293,15 +350,27 @@ def _gpus(t: Table) -> tuple[GpuInfo, ...]:
         with contextlib.suppress(ValueError):
             memory = parse_bytes(given)
     if memory <= 0:
-        raise t.wrong("memory", "a size like \"80GiB\" or a number of bytes")
+        raise t.wrong("memory", 'a size like "80GiB" or a number of bytes')
     count = t.integer("count", 1, at_least=1)
     t.done()
     return tuple(GpuInfo(i, name, memory, memory) for i in range(count))
 
 
-def derive_study(template: Path, out: Path, *, name: str, storage: str, runs_dir: Path, slos: list[str],
-                 trace: Path, tokenizer: Path | None, step_duration: str, baselines: dict[str, dict[str, Any]],
-                 engine_env: dict[str, str] | None = None, requests: int | None = None) -> Path:
+def derive_study(
+    template: Path,
+    out: Path,
+    *,
+    name: str,
+    storage: str,
+    runs_dir: Path,
+    slos: list[str],
+    trace: Path,
+    tokenizer: Path | None,
+    step_duration: str,
+    baselines: dict[str, dict[str, Any]],
+    engine_env: dict[str, str] | None = None,
+    requests: int | None = None,
+) -> Path:
     """Write a study file that is ``template`` with another name, workload, SLOs and baselines.
 
     The daemon's re-tuning studies are made this way: the staging study as the operator wrote it,

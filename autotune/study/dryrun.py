@@ -33,11 +33,14 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
         trial = study.ask()
         values = space.sample(trial)
         args = space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
-        line: dict[str, Any] = {"argv": d.command.argv(args, table),
-                                "env": dict(args.redacted(d.secret_env).env)}
+        line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.redacted(d.secret_env).env)}
         if trial.user_attrs.get(Attr.BASELINE):
             line["baseline"] = trial.user_attrs[Attr.BASELINE]
-        if d.precheck and shape is not None and (reason := space.engine.precheck(shape, args, d.platform, memory)) is not None:
+        if (
+            d.precheck
+            and shape is not None
+            and (reason := space.engine.precheck(shape, args, d.platform, memory)) is not None
+        ):
             line["precheck"] = reason
         study.tell(trial, state=optuna.trial.TrialState.FAIL)  # sampled, not measured: teaches nothing
         yield line

@@ -62,16 +62,19 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     if r.failure_class:
         outcome = f"{r.failure_class}: {r.failure}"
     elif r.state == TrialState.PRUNED and r.race and r.race.get("lost"):
-        outcome = (f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
-                   f"{r.race['missed_at_rps']:.2f} req/s, where it holds them")
+        outcome = (
+            f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
+            f"{r.race['missed_at_rps']:.2f} req/s, where it holds them"
+        )
     elif r.state == TrialState.PRUNED:
         outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
     elif r.state != TrialState.COMPLETE:
         outcome = r.state.name.lower()
     elif r.feasible and r.capacity_rps > 0:
         held = "; it held every load offered" if r.capacity_at_least else ""
-        outcome = (f"{capacity_text(r)} within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s{held})"
-                   + ("" if same_trial(r, reference) else gain_text(r, reference)))
+        outcome = f"{capacity_text(r)} within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s{held})" + (
+            "" if same_trial(r, reference) else gain_text(r, reference)
+        )
     else:
         outcome = _missed(r)
     if r.same_config_as is not None:

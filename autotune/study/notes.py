@@ -41,6 +41,7 @@ _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 # -- markdown helpers -----------------------------------------------------------------------------
 
+
 def _md(text: object) -> str:
     """Text set inline in markdown: what would start emphasis, a link, HTML or a table cell escaped."""
     return re.sub(r"([\\`*_\[\]<>|~])", r"\\\1", str(text))
@@ -76,11 +77,13 @@ def _measured(v: dict[str, Any]) -> str:
 
 
 def _verdicts(step: dict[str, Any]) -> str:
-    return ", ".join(f"{_code(v['slo'])} {_measured(v)} ({'holds' if v.get('holds') else 'misses'})"
-                     for v in step.get("slos", []))
+    return ", ".join(
+        f"{_code(v['slo'])} {_measured(v)} ({'holds' if v.get('holds') else 'misses'})" for v in step.get("slos", [])
+    )
 
 
 # -- a trial ----------------------------------------------------------------------------------------
+
 
 def _status(r: TrialRecord) -> str:
     if r.feasible:
@@ -105,8 +108,11 @@ def _config(r: TrialRecord) -> list[str]:
 
 
 def _raw_data(r: TrialRecord) -> list[str]:
-    keys = [(Attr.STEPS, "every load step's metrics and SLO verdicts"), (Attr.ARGV, "the exact command line"),
-            (Attr.FAILURE_EXCERPT, "the engine's log around the failure")]
+    keys = [
+        (Attr.STEPS, "every load step's metrics and SLO verdicts"),
+        (Attr.ARGV, "the exact command line"),
+        (Attr.FAILURE_EXCERPT, "the engine's log around the failure"),
+    ]
     lines = ["Raw data, in this trial's user attrs:", ""]
     lines += [f"- {_code(k)}: {what}" for k, what in keys if r.attrs.get(k)]
     if not r.attrs.get(Attr.PRECHECK):
@@ -126,19 +132,26 @@ def trial_note(r: TrialRecord, reference: TrialRecord | None) -> str:
         lines.append(f"**Failed: {_md(r.failure_class)}**, proven by:")
         lines += ["", _fenced(r.failure or "(no line recorded)")]
     elif r.feasible:
-        lines.append(f"**Capacity: {_rps(r.capacity_rps)}, {r.capacity_output_tok_s:.0f} output tok/s** "
-                     "(the highest load at which every SLO held)")
+        lines.append(
+            f"**Capacity: {_rps(r.capacity_rps)}, {r.capacity_output_tok_s:.0f} output tok/s** "
+            "(the highest load at which every SLO held)"
+        )
         if reference is not None and reference.number == r.number:
             lines += ["", "This is the reference baseline: the other trials' gains are over it."]
         elif reference is not None and r.capacity_rps > 0 and reference.capacity_rps > 0:
-            lines += ["", f"**{_gain(r.capacity_rps, reference.capacity_rps)}** over the baseline "
-                          f"{_md(reference.label)} ({_rps(reference.capacity_rps)}, trial {reference.number})"]
+            lines += [
+                "",
+                f"**{_gain(r.capacity_rps, reference.capacity_rps)}** over the baseline "
+                f"{_md(reference.label)} ({_rps(reference.capacity_rps)}, trial {reference.number})",
+            ]
         top = r.capacity_step
         if top and top.get("slos"):
             lines += ["", f"At capacity: {_verdicts(top)}."]
     elif r.state == TrialState.PRUNED:
-        lines.append(f"Stopped by the pruner after {len(r.steps)} load steps, at {_rps(r.capacity_rps)} so far "
-                     "(below the median of earlier trials at the same step).")
+        lines.append(
+            f"Stopped by the pruner after {len(r.steps)} load steps, at {_rps(r.capacity_rps)} so far "
+            "(below the median of earlier trials at the same step)."
+        )
     elif r.state == TrialState.COMPLETE:
         lines.append("**Capacity: 0 req/s**: no load met every SLO.")
         if r.steps:
@@ -155,6 +168,7 @@ def trial_note(r: TrialRecord, reference: TrialRecord | None) -> str:
 
 
 # -- the study --------------------------------------------------------------------------------------
+
 
 def _who(r: TrialRecord) -> str:
     return f"trial {r.number} ({_md(r.label)})"
@@ -182,8 +196,10 @@ def study_note(result: StudyResult, slos: list[str]) -> str:
         elif base.number == win.number:
             lines.append(f"The best baseline, {_md(base.label)}, is the winner: no sampled config beat it.")
         else:
-            lines.append(f"**{_gain(win.capacity_rps, base.capacity_rps)}** over the best baseline, "
-                         f"{_md(base.label)} ({_rps(base.capacity_rps)}, trial {base.number}).")
+            lines.append(
+                f"**{_gain(win.capacity_rps, base.capacity_rps)}** over the best baseline, "
+                f"{_md(base.label)} ({_rps(base.capacity_rps)}, trial {base.number})."
+            )
     v = result.remeasurement
     lines.append("")
     if v is None:
@@ -194,16 +210,23 @@ def study_note(result: StudyResult, slos: list[str]) -> str:
             lines.append(f"Not recommended: {_who(leader)}, kept beside the best files as {NOT_RECOMMENDED}.*.")
     if v is not None:
         lines += ["", "| config | capacity per run (req/s) | median |", "|---|---|---|"]
-        lines += [f"| {_md(c['label'])} | {', '.join(f'{x:.2f}' for x in c['capacities'])} | {c['median']:.2f} |"
-                  for c in v.candidates]
+        lines += [
+            f"| {_md(c['label'])} | {', '.join(f'{x:.2f}' for x in c['capacities'])} | {c['median']:.2f} |"
+            for c in v.candidates
+        ]
     counts = result.counts()
-    lines += ["", f"Trials: {len(result.records)}" + (" (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-                                                       + ")" if counts else "") + "."]
+    lines += [
+        "",
+        f"Trials: {len(result.records)}"
+        + (" (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")" if counts else "")
+        + ".",
+    ]
     lines += ["", "SLOs: " + (", ".join(_code(s) for s in slos) if slos else "none") + "."]
     return "\n".join(lines) + "\n"
 
 
 # -- writing them -----------------------------------------------------------------------------------
+
 
 def _merged(ours: str, stored: str) -> str:
     """Our text, then KEEP, then what a person wrote below KEEP (or all of a note autotune never wrote)."""
@@ -219,8 +242,9 @@ def save_notes(study: optuna.Study, slos: list[str]) -> None:
     try:
         _save_notes(study, slos)
     except Exception as e:  # noqa: BLE001 - the dashboard's notes never stop a study
-        _log.warning("dashboard notes of study %s not written: %s: %s", getattr(study, "study_name", "?"),
-                     type(e).__name__, e)
+        _log.warning(
+            "dashboard notes of study %s not written: %s: %s", getattr(study, "study_name", "?"), type(e).__name__, e
+        )
 
 
 def _save_notes(study: optuna.Study, slos: list[str]) -> None:

@@ -34,9 +34,16 @@ class Row:
 
 def _row(t: TrialRecord, label: str) -> Row:
     top = t.capacity_step
-    return Row(label, t.number, t.capacity_rps, top["output_throughput"] if top else 0.0,
-               top["ttft_p95"] * 1000 if top and top["ttft_p95"] is not None else None,
-               t.feasible, t.state.name.lower(), t.capacity_at_least)
+    return Row(
+        label,
+        t.number,
+        t.capacity_rps,
+        top["output_throughput"] if top else 0.0,
+        top["ttft_p95"] * 1000 if top and top["ttft_p95"] is not None else None,
+        t.feasible,
+        t.state.name.lower(),
+        t.capacity_at_least,
+    )
 
 
 def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:
@@ -48,9 +55,17 @@ def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:
     return rows
 
 
-def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path,
-               real_env: Mapping[str, str] | None = None, *, stem: str = "best",
-               why: str | None = None, version: str | None = None) -> dict[str, Path]:
+def write_best(
+    t: TrialRecord,
+    model: str,
+    engine: EngineKind,
+    out_dir: Path,
+    real_env: Mapping[str, str] | None = None,
+    *,
+    stem: str = "best",
+    why: str | None = None,
+    version: str | None = None,
+) -> dict[str, Path]:
     """The engine's config file (vLLM: best.yaml for `vllm serve --config`; env vars as comments: YAML
     configs cannot set them), best-command.sh (exactly what was measured) and best.json, each 0600.
 
@@ -66,8 +81,11 @@ def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path,
     what = "best config" if stem == "best" else "NOT RECOMMENDED config"
     if engine.config_file is not None:
         config_file = str(Path(engine.config_file).with_stem(stem))
-        header = [f"autotune: {what} of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
-                  *([why] if why else []), f"run: {engine.config_usage} {config_file}"]
+        header = [
+            f"autotune: {what} of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
+            *([why] if why else []),
+            f"run: {engine.config_usage} {config_file}",
+        ]
         if values != dict(args.values):  # staging measured without reading weights; production must read them
             header.append("(trials ran with load_format dummy; left out here so the real weights load)")
         if env:
@@ -76,8 +94,11 @@ def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path,
         atomic_write(paths["config"], engine.render_config(model, values, header))
         if (line := engine.container_line(model, paths["config"], env, version)) is not None:
             paths["docker"] = out_dir / f"{stem}-docker.sh"
-            atomic_write(paths["docker"], f"#!/bin/sh\n# autotune: {engine.config_file.replace('best', stem)} in "
-                                          f"the engine's official container\nexec {line}\n")
+            atomic_write(
+                paths["docker"],
+                f"#!/bin/sh\n# autotune: {engine.config_file.replace('best', stem)} in "
+                f"the engine's official container\nexec {line}\n",
+            )
     argv = t.argv  # exactly what was measured (staging host, port and load format)
     run_env = args.revealed(real_env or {}).env
     env_prefix = "env " + " ".join(f"{k}={_shell_value(k, v)}" for k, v in run_env.items()) + " " if run_env else ""
@@ -90,8 +111,14 @@ def write_best(t: TrialRecord, model: str, engine: EngineKind, out_dir: Path,
     return paths
 
 
-def write_verdict(result: StudyResult, model: str, engine: EngineKind, out_dir: Path,
-                  real_env: Mapping[str, str] | None = None, version: str | None = None) -> dict[str, Path]:
+def write_verdict(
+    result: StudyResult,
+    model: str,
+    engine: EngineKind,
+    out_dir: Path,
+    real_env: Mapping[str, str] | None = None,
+    version: str | None = None,
+) -> dict[str, Path]:
     """The files of the config the study declares best (:attr:`StudyResult.winner`: the re-measurement's
     verdict where there is one); a searched config that led within the spread goes beside them under
     :data:`NOT_RECOMMENDED` (keys ``not-recommended-config`` and so on), and an earlier verdict's such files

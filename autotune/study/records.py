@@ -22,8 +22,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.args import EngineArgs
 
-__all__ = ["Attr", "NO_MEASUREMENT", "TrialRecord", "Candidate", "Remeasurement", "StudyResult", "constraints_of",
-           "held_every_load", "judge"]
+__all__ = [
+    "Attr",
+    "NO_MEASUREMENT",
+    "TrialRecord",
+    "Candidate",
+    "Remeasurement",
+    "StudyResult",
+    "constraints_of",
+    "held_every_load",
+    "judge",
+]
 
 NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
 
@@ -68,8 +77,9 @@ def held_every_load(steps: list[dict[str, Any]]) -> bool:
     climbing: the config serves at least that much, how much more is unknown, and no gain is computed from it. A
     step the load generator could not offer in time (``client_kept_up`` false) bounds nothing."""
     passed = [s["load"] for s in steps if s.get("passed")]
-    return bool(passed) and not any(not s.get("passed") and s.get("client_kept_up", True) and s["load"] > max(passed)
-                                    for s in steps)
+    return bool(passed) and not any(
+        not s.get("passed") and s.get("client_kept_up", True) and s["load"] > max(passed) for s in steps
+    )
 
 
 def constraints_of(trial: FrozenTrial) -> list[float]:
@@ -254,15 +264,21 @@ class Remeasurement:
         if self.winner == self.baseline:
             return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
         if self.baseline_at_least:
-            return (f"no gain can be stated: {self.baseline} held every load the ladder offered, so its median is "
-                    f"where the ladder stopped, not its capacity; keep {self.baseline} (a higher [objective] "
-                    "max_steps finds the capacities)")
+            return (
+                f"no gain can be stated: {self.baseline} held every load the ladder offered, so its median is "
+                f"where the ladder stopped, not its capacity; keep {self.baseline} (a higher [objective] "
+                "max_steps finds the capacities)"
+            )
         by = "at least " if (self.candidate(self.winner_trial) or {}).get("at_least") else ""
         if self.significant:
-            return (f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the spread "
-                    f"({self.noise_rps:.2f}): deploy {self.winner}")
-        return (f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the spread "
-                f"({self.noise_rps:.2f}): keep {self.baseline}")
+            return (
+                f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the spread "
+                f"({self.noise_rps:.2f}): deploy {self.winner}"
+            )
+        return (
+            f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the spread "
+            f"({self.noise_rps:.2f}): keep {self.baseline}"
+        )
 
 
 def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
@@ -280,10 +296,25 @@ def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
     # a gain over a floor is unknown (the baseline may go further); a floor over a capacity is a gain of at least
     floors = winner is not base and base.at_least
     return Remeasurement(
-        candidates=[{"label": c.label, "trial": c.trial_number, "capacities": c.capacities, "median": c.median,
-                     "spread": c.spread, "runs": c.runs, "at_least": c.at_least} for c in cands],
-        winner=winner.label, winner_trial=winner.trial_number, baseline=base.label, gain_rps=gain, noise_rps=noise,
-        significant=winner is not base and gain > noise and not floors, trials_seen=trials_seen,
+        candidates=[
+            {
+                "label": c.label,
+                "trial": c.trial_number,
+                "capacities": c.capacities,
+                "median": c.median,
+                "spread": c.spread,
+                "runs": c.runs,
+                "at_least": c.at_least,
+            }
+            for c in cands
+        ],
+        winner=winner.label,
+        winner_trial=winner.trial_number,
+        baseline=base.label,
+        gain_rps=gain,
+        noise_rps=noise,
+        significant=winner is not base and gain > noise and not floors,
+        trials_seen=trials_seen,
         baseline_at_least=floors,
     )
 

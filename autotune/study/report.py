@@ -47,8 +47,13 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} pre{background:#f4f
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], id_: str = "") -> str:
     ident = f' id="{id_}"' if id_ else ""
-    return (f"<table{ident}><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{_e(str(c))}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+    return (
+        f"<table{ident}><tr>"
+        + "".join(f"<th>{_e(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{_e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        + "</table>"
+    )
 
 
 def _pct(new: float, old: float) -> str:
@@ -73,24 +78,31 @@ def _shown(key: str, x: float | None) -> str:
 
 # -- the verdict -----------------------------------------------------------------------------
 
+
 def verdict_line(result: StudyResult) -> str:
     """The page's first sentence: the answer, and how far to trust it."""
     if result.pareto:
         front = sorted(result.front, key=lambda t: -t.values[0])
         if not front:
             return "No configuration met every SLO: the Pareto front is empty."
-        return (f"A trade-off, not a winner: {len(front)} configuration(s) meet every SLO and none beats another on "
-                "both output throughput and p95 TTFT: " + "; ".join(
-                    f"trial {t.number} ({_config(t)}) {t.values[0]:.0f} tok/s at {t.values[1] * 1000:.0f} ms"
-                    for t in front) + ".")
+        return (
+            f"A trade-off, not a winner: {len(front)} configuration(s) meet every SLO and none beats another on "
+            "both output throughput and p95 TTFT: "
+            + "; ".join(
+                f"trial {t.number} ({_config(t)}) {t.values[0]:.0f} tok/s at {t.values[1] * 1000:.0f} ms" for t in front
+            )
+            + "."
+        )
     w = result.winner
     if w is None:
         return _no_winner(result)
     r = result.remeasurement
     if r is not None:  # the medians of the interleaved runs: the numbers the verdict itself compares
         win, base = r.candidate(w.number) or r.candidates[-1], r.candidates[-1]
-        head = (f"Winner: trial {w.number} ({_config(w)}): {'at least ' if win.get('at_least') else ''}"
-                f"{win['median']:.2f} req/s within the SLOs (median of {len(win['capacities'])} runs)")
+        head = (
+            f"Winner: trial {w.number} ({_config(w)}): {'at least ' if win.get('at_least') else ''}"
+            f"{win['median']:.2f} req/s within the SLOs (median of {len(win['capacities'])} runs)"
+        )
         if win is not base and not base.get("at_least"):  # a gain over a floor is unknown
             head += f", {_pct(win['median'], base['median'])} over {base['label']} ({base['median']:.2f} req/s)"
         return head + f"; re-measured, interleaved: {r.sentence()}."
@@ -101,25 +113,34 @@ def verdict_line(result: StudyResult) -> str:
     if b.number == w.number:
         return head + "; no searched configuration beat it (single measurements, not re-measured)."
     if b.capacity_at_least:
-        return head + (f"; {b.baseline} held every load it was offered ({capacity_text(b)}), so no gain over it "
-                       "can be stated (single measurements, not re-measured).")
-    return head + (f", {_pct(w.capacity_rps, b.capacity_rps)} over {b.baseline} ({b.capacity_rps:.2f} req/s); "
-                   "from single measurements, not re-measured: the gain is unverified.")
+        return head + (
+            f"; {b.baseline} held every load it was offered ({capacity_text(b)}), so no gain over it "
+            "can be stated (single measurements, not re-measured)."
+        )
+    return head + (
+        f", {_pct(w.capacity_rps, b.capacity_rps)} over {b.baseline} ({b.capacity_rps:.2f} req/s); "
+        "from single measurements, not re-measured: the gain is unverified."
+    )
 
 
 def _no_winner(result: StudyResult) -> str:
     measured = [t for t in result.records if t.state == TrialState.COMPLETE and t.steps]
     if not measured:
         failed = sum(1 for t in result.records if t.failure_class)
-        return (f"No configuration met every SLO: no trial measured anything ({failed} of {len(result.records)} "
-                "failed; see the failures below).")
+        return (
+            f"No configuration met every SLO: no trial measured anything ({failed} of {len(result.records)} "
+            "failed; see the failures below)."
+        )
     close = min(measured, key=lambda t: max(t.constraints))  # the smallest worst miss
     step = min(close.steps, key=lambda s: s["load"])  # its judged step: the lowest load tried
     missed = [v for v in step["slos"] if not v["holds"]]
     why = ", ".join(f"{v['slo']} (measured {_shown(v['key'], v['measured'])})" for v in missed) or (
-        f"{step['failed']} failed requests" if step["failed"] else "the client could not offer the load")
-    return (f"No configuration met every SLO: the closest, trial {close.number} ({_config(close)}), missed {why} "
-            f"at its lowest load, {step['rate']:.2f} req/s.")
+        f"{step['failed']} failed requests" if step["failed"] else "the client could not offer the load"
+    )
+    return (
+        f"No configuration met every SLO: the closest, trial {close.number} ({_config(close)}), missed {why} "
+        f"at its lowest load, {step['rate']:.2f} req/s."
+    )
 
 
 def _verdict(d: StudyDefinition, result: StudyResult) -> str:
@@ -135,21 +156,47 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
             rows.append((b.baseline, b.number, f"{b.capacity_rps:.2f}", _pct(w.capacity_rps, b.capacity_rps)))
         else:
             rows.append((b.baseline, b.number, b.failure_class or "met no SLO", "-"))
-    parts.append("<h3>Gain over each baseline (single measurements)</h3>"
-                 + _table(("baseline", "trial", "capacity req/s", f"trial {w.number}'s gain"), rows, "gains"))
+    parts.append(
+        "<h3>Gain over each baseline (single measurements)</h3>"
+        + _table(("baseline", "trial", "capacity req/s", f"trial {w.number}'s gain"), rows, "gains")
+    )
     r = result.remeasurement
     if r is not None:
-        parts.append("<h3>Re-measured, interleaved (capacity req/s)</h3>" + _table(
-            ("candidate", "runs", "median", "spread"),
-            [(c["label"], ", ".join(f"{x:.2f}" for x in c["capacities"]), f"{c['median']:.2f}", f"{c['spread']:.2f}")
-             for c in r.candidates], "remeasured"))
+        parts.append(
+            "<h3>Re-measured, interleaved (capacity req/s)</h3>"
+            + _table(
+                ("candidate", "runs", "median", "spread"),
+                [
+                    (
+                        c["label"],
+                        ", ".join(f"{x:.2f}" for x in c["capacities"]),
+                        f"{c['median']:.2f}",
+                        f"{c['spread']:.2f}",
+                    )
+                    for c in r.candidates
+                ],
+                "remeasured",
+            )
+        )
     parts.append(_winner_files(d, w))
     top = w.capacity_step
     if top is not None:
-        parts.append(f"<h3>SLOs at trial {w.number}'s capacity, {top['rate']:.2f} req/s</h3>" + _table(
-            ("SLO", "measured", "target", "verdict"),
-            [(v["slo"], _shown(v["key"], v["measured"]), _shown(v["key"], v["target"]),
-              "holds" if v["holds"] else "misses") for v in top["slos"]], "winner-slos"))
+        parts.append(
+            f"<h3>SLOs at trial {w.number}'s capacity, {top['rate']:.2f} req/s</h3>"
+            + _table(
+                ("SLO", "measured", "target", "verdict"),
+                [
+                    (
+                        v["slo"],
+                        _shown(v["key"], v["measured"]),
+                        _shown(v["key"], v["target"]),
+                        "holds" if v["holds"] else "misses",
+                    )
+                    for v in top["slos"]
+                ],
+                "winner-slos",
+            )
+        )
     return "".join(parts)
 
 
@@ -159,8 +206,10 @@ def _winner_files(d: StudyDefinition, w: TrialRecord) -> str:
     env = redact(w.engine_args.env, d.secret_env) if Attr.ENGINE_ARGS in w.attrs else {}
     out = []
     if kind.config_file is not None and Attr.ENGINE_ARGS in w.attrs:
-        header = [f"autotune: best config of trial {w.number}, capacity {w.capacity_rps:.2f} req/s",
-                  f"run: {kind.config_usage} {kind.config_file}"]
+        header = [
+            f"autotune: best config of trial {w.number}, capacity {w.capacity_rps:.2f} req/s",
+            f"run: {kind.config_usage} {kind.config_file}",
+        ]
         if env:
             header.append("with environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
         text = kind.render_config(d.command.model, kind.production_values(w.engine_args.values), header)
@@ -171,6 +220,7 @@ def _winner_files(d: StudyDefinition, w: TrialRecord) -> str:
 
 
 # -- the figures and tables below it -----------------------------------------------------------
+
 
 def _ladders(d: StudyDefinition, result: StudyResult):
     import plotly.colors
@@ -185,21 +235,30 @@ def _ladders(d: StudyDefinition, result: StudyResult):
     for i, t in enumerate(measured):
         steps = sorted(t.steps, key=lambda s: s["load"])  # the ladder bisects: in load order, not run order
         for col, key in ((1, "ttft_p95"), (2, "tpot_p95")):
-            fig.add_trace(go.Scatter(
-                x=[s["rate"] for s in steps], y=[None if s.get(key) is None else s[key] * 1000 for s in steps],
-                mode="lines+markers", name=f"trial {t.number} ({t.label})", legendgroup=str(t.number),
-                showlegend=col == 1, line={"color": palette[i % len(palette)]},
-                marker={"size": 10, "symbol": ["circle" if s["passed"] else "x" for s in steps]},
-                text=["passed" if s["passed"] else "missed" for s in steps],
-                hovertemplate="%{x:.2f} req/s: %{y:.0f} ms, %{text}"), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[s["rate"] for s in steps],
+                    y=[None if s.get(key) is None else s[key] * 1000 for s in steps],
+                    mode="lines+markers",
+                    name=f"trial {t.number} ({t.label})",
+                    legendgroup=str(t.number),
+                    showlegend=col == 1,
+                    line={"color": palette[i % len(palette)]},
+                    marker={"size": 10, "symbol": ["circle" if s["passed"] else "x" for s in steps]},
+                    text=["passed" if s["passed"] else "missed" for s in steps],
+                    hovertemplate="%{x:.2f} req/s: %{y:.0f} ms, %{text}",
+                ),
+                row=1,
+                col=col,
+            )
     for slo in d.slos:  # only the targets these two panels can show
         col = {"ttft": 1, "tpot": 2}.get(slo.metric)
         if col is not None and slo.is_latency:
-            fig.add_hline(y=slo.target * 1000, line_dash="dash", line_color="firebrick", annotation_text=slo.text,
-                          row=1, col=col)
+            fig.add_hline(
+                y=slo.target * 1000, line_dash="dash", line_color="firebrick", annotation_text=slo.text, row=1, col=col
+            )
     fig.update_xaxes(title_text="load (req/s)")
-    fig.update_layout(title="Capacity ladder of each trial (circle: the step met every SLO; x: it missed)",
-                      height=480)
+    fig.update_layout(title="Capacity ladder of each trial (circle: the step met every SLO; x: it missed)", height=480)
     return fig
 
 
@@ -223,8 +282,11 @@ def _failures(result: StudyResult) -> str:
 
 
 def _predictions(result: StudyResult) -> str:
-    rows = [(t.number, _config(t), f"{p:.2f}", f"{t.capacity_rps:.2f}", _pct(t.capacity_rps, p))
-            for t in result.records if (p := t.predicted_capacity_rps) is not None]
+    rows = [
+        (t.number, _config(t), f"{p:.2f}", f"{t.capacity_rps:.2f}", _pct(t.capacity_rps, p))
+        for t in result.records
+        if (p := t.predicted_capacity_rps) is not None
+    ]
     if not rows:
         return "<p>This study made no predictions.</p>"
     return _table(("trial", "config", "predicted req/s", "measured req/s", "measured against predicted"), rows)
@@ -236,11 +298,16 @@ def _importance(study: optuna.Study, result: StudyResult):
 
     n = sum(1 for t in result.records if t.state == TrialState.COMPLETE and not t.baseline)
     if n < MIN_IMPORTANCE_TRIALS:
-        return (f"Parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed trials (baselines not "
-                f"counted); this study has {n}."), None
+        return (
+            f"Parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed trials (baselines not "
+            f"counted); this study has {n}."
+        ), None
     try:
-        return None, vis.plot_param_importances(study, target=(lambda t: t.values[0]) if result.pareto else None,
-                                                target_name="output tok/s" if result.pareto else "capacity")
+        return None, vis.plot_param_importances(
+            study,
+            target=(lambda t: t.values[0]) if result.pareto else None,
+            target_name="output tok/s" if result.pareto else "capacity",
+        )
     except (RuntimeError, ValueError) as e:  # e.g. every trial has the same values: say so instead
         return f"Parameter importance is not computable for this study: {e}", None
 
@@ -253,16 +320,31 @@ def _history(study: optuna.Study, result: StudyResult):
         # way on purpose (runner.make_sampler), so this is how the plot finds them
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            return vis.plot_pareto_front(study, target_names=["output tok/s", "p95 TTFT (s)"],
-                                         constraints_func=constraints_of)
+            return vis.plot_pareto_front(
+                study, target_names=["output tok/s", "p95 TTFT (s)"], constraints_func=constraints_of
+            )
     return vis.plot_optimization_history(study, target_name="capacity (req/s)")
 
 
 def _trials(result: StudyResult) -> str:
-    return _table(("#", "config", "why chosen", "state", "capacity req/s", "feasible", "failure", "params", "wall s"), [
-        (t.number, t.label, t.chosen_because, t.state.name.lower(), f"{t.capacity_rps:.2f}",
-         "yes" if t.feasible else "no", f"{t.failure_class}: {t.failure}" if t.failure_class else "",
-         " ".join(f"{k}={v}" for k, v in t.params.items()), f"{t.wall_s:.0f}") for t in result.records], "trials")
+    return _table(
+        ("#", "config", "why chosen", "state", "capacity req/s", "feasible", "failure", "params", "wall s"),
+        [
+            (
+                t.number,
+                t.label,
+                t.chosen_because,
+                t.state.name.lower(),
+                f"{t.capacity_rps:.2f}",
+                "yes" if t.feasible else "no",
+                f"{t.failure_class}: {t.failure}" if t.failure_class else "",
+                " ".join(f"{k}={v}" for k, v in t.params.items()),
+                f"{t.wall_s:.0f}",
+            )
+            for t in result.records
+        ],
+        "trials",
+    )
 
 
 def write_report(d: StudyDefinition, out: Path) -> Path:
@@ -285,11 +367,16 @@ def write_report(d: StudyDefinition, out: Path) -> Path:
         ("failures", "Failures, by class", _failures(result)),
         ("predictions", "Predicted against measured capacity", _predictions(result)),
         ("importance", "Parameter importance", importance),
-        ("history", "Optimization history and every trial", fig_html(_history(study, result), "history-plot")
-         + _trials(result)),
+        (
+            "history",
+            "Optimization history and every trial",
+            fig_html(_history(study, result), "history-plot") + _trials(result),
+        ),
     ]
-    body = "\n".join(f'<section id="{sid}">' + (f"<h2>{title}</h2>" if title else "") + content + "</section>"
-                     for sid, title, content in sections)
+    body = "\n".join(
+        f'<section id="{sid}">' + (f"<h2>{title}</h2>" if title else "") + content + "</section>"
+        for sid, title, content in sections
+    )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>autotune: {_e(d.name)}</title>
 <style>{_STYLE}</style><script type="text/javascript">{get_plotlyjs()}</script></head><body>
 <h1>autotune study {_e(d.name)}</h1>

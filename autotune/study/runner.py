@@ -32,8 +32,8 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -45,15 +45,14 @@ from autotune.engine.args import EngineArgs
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, Interrupted, TrialFailed
+from autotune.measure.profiles import Ladder, LoadProfile, Race
+from autotune.measure.replay import ReplayOptions
+from autotune.measure.session import Outcome, measure_engine
 from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
-from autotune.measure.profiles import Ladder, LoadProfile, Race
-from autotune.measure.session import Outcome, measure_engine
-from autotune.study.records import (NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of,
-                                    judge)
+from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, constraints_of, judge
 from autotune.study.space import Param, Space, default_space
-from autotune.measure.replay import ReplayOptions
 from autotune.workload.source import LoadSteps
 
 __all__ = ["StudyRun", "build_space", "open_study", "make_sampler"]
@@ -96,9 +95,15 @@ def make_sampler(kind: str, seed: int | None) -> optuna.samplers.BaseSampler:
         # n_ei_candidates 128 (Optuna's default is 24): an ask costs milliseconds more, a trial minutes;
         # on scripts/bench_search.py's long-docs scenario (the benchmark before issue 10 reworked it) it halved
         # the median trials to 95 % of the optimum (36.5 -> 18 over 20 seeds)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          constraints_func=constraints_of, n_startup_trials=TPE_STARTUP_TRIALS,
-                                          n_ei_candidates=128)
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            constraints_func=constraints_of,
+            n_startup_trials=TPE_STARTUP_TRIALS,
+            n_ei_candidates=128,
+        )
 
 
 def devices_of(d: StudyDefinition) -> list[gpu.GpuInfo]:
@@ -114,19 +119,30 @@ def simulator_misses(records: list[TrialRecord]) -> str | None:
     """Why the simulator's predictions cannot be trusted any more, or None: MISSES of the last MISS_WINDOW
     measured trials that carry a prediction made before they ran came out more than MISS_RATIO off it."""
     last = _predicted_and_measured(records)[-MISS_WINDOW:]
-    off = [r for r in last if max(r.capacity_rps / r.predicted_capacity_rps,
-                                  r.predicted_capacity_rps / r.capacity_rps) > MISS_RATIO]
+    off = [
+        r
+        for r in last
+        if max(r.capacity_rps / r.predicted_capacity_rps, r.predicted_capacity_rps / r.capacity_rps) > MISS_RATIO
+    ]
     if len(last) < MISS_WINDOW or len(off) < MISSES:
         return None
-    said = ", ".join(f"trial {r.number} measured {r.capacity_rps:.2f} req/s where it predicted "
-                     f"{r.predicted_capacity_rps:.2f}" for r in off)
+    said = ", ".join(
+        f"trial {r.number} measured {r.capacity_rps:.2f} req/s where it predicted {r.predicted_capacity_rps:.2f}"
+        for r in off
+    )
     return f"{len(off)} of its last {len(last)} predictions missed by more than {MISS_RATIO}x ({said})"
 
 
 def _predicted_and_measured(records: list[TrialRecord]) -> list[TrialRecord]:
     """The trials that measured a capacity the simulator had predicted before they ran (not a copy of another's)."""
-    return [r for r in records if r.state == TrialState.COMPLETE and r.capacity_rps > 0 and r.predicted_capacity_rps
-            and r.same_config_as is None]
+    return [
+        r
+        for r in records
+        if r.state == TrialState.COMPLETE
+        and r.capacity_rps > 0
+        and r.predicted_capacity_rps
+        and r.same_config_as is None
+    ]
 
 
 def prediction_bias(records: list[TrialRecord]) -> float:
@@ -166,8 +182,9 @@ def build_space(d: StudyDefinition) -> Space:
     devices = devices_of(d)
     mem = devices[0].total_bytes / (1 << 30) if devices else 0.0
     kind = d.command.engine_kind
-    params = d.params if d.params is not None else default_space(kind, d.platform, mem,
-                                                                 devices[0].name if devices else "")
+    params = (
+        d.params if d.params is not None else default_space(kind, d.platform, mem, devices[0].name if devices else "")
+    )
     shape = kind.shape(d.command.model)
     mml = d.fixed.values.get("max_model_len")
     return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None), kind)
@@ -183,7 +200,7 @@ def storage_of(d: StudyDefinition) -> str | optuna.storages.BaseStorage:
     (host lost, killed -9) goes stale after the grace period, is failed by the next worker that
     looks, and retried once on another host with the same params."""
     if not shared_storage(d):
-        db = Path(d.storage[len("sqlite:///"):].partition("?")[0])
+        db = Path(d.storage[len("sqlite:///") :].partition("?")[0])
         db.parent.mkdir(parents=True, exist_ok=True)
         _owner_only(db)
         return d.storage
@@ -193,7 +210,9 @@ def storage_of(d: StudyDefinition) -> str | optuna.storages.BaseStorage:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5, and what several hosts need
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(
-                d.storage, heartbeat_interval=max(1, int(d.heartbeat_s)), grace_period=max(2, int(3 * d.heartbeat_s)),
+                d.storage,
+                heartbeat_interval=max(1, int(d.heartbeat_s)),
+                grace_period=max(2, int(3 * d.heartbeat_s)),
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
             )
 
@@ -220,22 +239,34 @@ def open_study(d: StudyDefinition) -> optuna.Study:
     scoring = d.objective.scoring()
     directions = list(scoring.directions)
     study = optuna.create_study(
-        study_name=d.name, storage=storage_of(d), sampler=make_sampler(d.sampler, d.seed), directions=directions,
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1) if scoring.prunable
-        else optuna.pruners.NopPruner(), load_if_exists=True,
+        study_name=d.name,
+        storage=storage_of(d),
+        sampler=make_sampler(d.sampler, d.seed),
+        directions=directions,
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
+        if scoring.prunable
+        else optuna.pruners.NopPruner(),
+        load_if_exists=True,
     )
-    if study.directions != [optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else
-                            optuna.study.StudyDirection.MINIMIZE for x in directions]:
-        raise ConfigError(f"study {d.name!r} in {d.storage} was made with another objective; "
-                          "use another --study-name")
+    if study.directions != [
+        optuna.study.StudyDirection.MAXIMIZE if x == "maximize" else optuna.study.StudyDirection.MINIMIZE
+        for x in directions
+    ]:
+        raise ConfigError(f"study {d.name!r} in {d.storage} was made with another objective; use another --study-name")
     return study
 
 
 class StudyRun:
     """Runs one study definition to its budget, then re-measures and names the winner."""
 
-    def __init__(self, d: StudyDefinition, table: FlagTable, steps: LoadSteps,
-                 show: Callable[[str], None] = lambda _: None, notice: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        d: StudyDefinition,
+        table: FlagTable,
+        steps: LoadSteps,
+        show: Callable[[str], None] = lambda _: None,
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
         self.d = d
         self.table = table
         self.steps = steps
@@ -303,8 +334,11 @@ class StudyRun:
         # a bad flag (or trust_remote_code by any spelling) in the space or a baseline is an error now,
         # before any engine starts, not a failed trial
         self.d.command.argv(self.space.engine_args(self.space.complete({})), self.table)
-        baselines = [b for b in self._distinct(baseline_points(self.space, self.d.builtin_baselines, extra))
-                     if b.name not in done]
+        baselines = [
+            b
+            for b in self._distinct(baseline_points(self.space, self.d.builtin_baselines, extra))
+            if b.name not in done
+        ]
         for b in baselines:
             self.d.command.argv(self.space.engine_args(b.params, b.extra_args), self.table)
         queued: set[str] = set()
@@ -325,8 +359,14 @@ class StudyRun:
         own = {b.name for b in self.d.baselines}
         # a knob the space does not search, given at the engine's own default, is the default config's
         defaults = {k: spec.get("default") for k, spec in self.space.engine.default_space(self.d.platform).items()}
-        keys = [json.dumps([b.params, {k: v for k, v in b.extra_args.items() if k not in defaults or defaults[k] != v}],
-                           sort_keys=True, default=str) for b in points]
+        keys = [
+            json.dumps(
+                [b.params, {k: v for k, v in b.extra_args.items() if k not in defaults or defaults[k] != v}],
+                sort_keys=True,
+                default=str,
+            )
+            for b in points
+        ]
         owned = {k: b.name for b, k in zip(points, keys) if b.name in own}
         first: dict[str, str] = {}  # config -> the first baseline that runs it
         kept = []
@@ -366,38 +406,55 @@ class StudyRun:
                 seen.add(key)
                 points.append(v)
         t0 = time.monotonic()
-        args = [self.space.engine_args(v) for v in points] + [self.space.engine_args(b.params, b.extra_args)
-                                                              for b in baselines]
+        args = [self.space.engine_args(v) for v in points] + [
+            self.space.engine_args(b.params, b.extra_args) for b in baselines
+        ]
         answers = self._predict([_sim_values(a) for a in args])
         if answers is None:
             return set()
-        predicted, of_baselines = answers[:len(points)], answers[len(points):]
-        ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps),
-                        key=lambda x: -x[0])
+        predicted, of_baselines = answers[: len(points)], answers[len(points) :]
+        ranked = sorted(((p.capacity_rps, v) for v, p in zip(points, predicted) if p.capacity_rps), key=lambda x: -x[0])
         failures = sum(1 for p in predicted if p.capacity_rps is None)
         study.set_user_attr(Attr.SIM_PREDICTIONS, [{"values": v, **p.to_json()} for v, p in zip(points, predicted)])
-        self.notice(f"simulated {len(points)} configs in {time.monotonic() - t0:.0f} s: {failures} would not start; "
-                    + (f"best predicted {ranked[0][0]:.2f} req/s{_ties(ranked)}" if ranked else "none meets the SLOs"))
+        self.notice(
+            f"simulated {len(points)} configs in {time.monotonic() - t0:.0f} s: {failures} would not start; "
+            + (f"best predicted {ranked[0][0]:.2f} req/s{_ties(ranked)}" if ranked else "none meets the SLOs")
+        )
         trials = study.get_trials(deepcopy=False)
         # a waiting (enqueued) trial has no params yet: Optuna keeps them as its fixed params
         queued = {tuple(sorted((t.params or t.system_attrs.get("fixed_params") or {}).items())) for t in trials}
         queued |= {tuple(sorted(b.params.items())) for b in baselines}
         left = None if self.d.budget.trials is None else self.d.budget.trials - len(trials) - len(baselines)
         room = SIM_FIRST if left is None else min(SIM_FIRST, left)
-        picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][:max(room, 0)]
-        study.set_user_attr(SIM_PICKS, [{"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} "
-                                         f"req/s, #{rank} of {len(points)}"} for rank, (c, v) in enumerate(picks, 1)])
-        order = sorted([(p.capacity_rps or 0.0, 0, i) for i, p in enumerate(of_baselines)]
-                       + [(c, 1, i) for i, (c, _) in enumerate(picks)], key=lambda x: (-x[0], x[1]))
+        picks = [(c, v) for c, v in ranked if tuple(sorted(v.items())) not in queued][: max(room, 0)]
+        study.set_user_attr(
+            SIM_PICKS,
+            [
+                {"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} req/s, #{rank} of {len(points)}"}
+                for rank, (c, v) in enumerate(picks, 1)
+            ],
+        )
+        order = sorted(
+            [(p.capacity_rps or 0.0, 0, i) for i, p in enumerate(of_baselines)]
+            + [(c, 1, i) for i, (c, _) in enumerate(picks)],
+            key=lambda x: (-x[0], x[1]),
+        )
         for _, is_pick, i in order:
             if is_pick:
                 pick = study.user_attrs[SIM_PICKS][i]
-                study.enqueue_trial(pick["values"], user_attrs={Attr.CHOSEN_BECAUSE: pick["why"],
-                                                                Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]})
+                study.enqueue_trial(
+                    pick["values"],
+                    user_attrs={Attr.CHOSEN_BECAUSE: pick["why"], Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]},
+                )
             else:
                 b = baselines[i]
-                study.enqueue_trial(b.params, user_attrs={**self._baseline_attrs(b),  # None: it would not start
-                                                          Attr.PREDICTED_CAPACITY_RPS: of_baselines[i].capacity_rps})
+                study.enqueue_trial(
+                    b.params,
+                    user_attrs={
+                        **self._baseline_attrs(b),  # None: it would not start
+                        Attr.PREDICTED_CAPACITY_RPS: of_baselines[i].capacity_rps,
+                    },
+                )
         study.set_user_attr(SIM_QUEUED, True)
         return {b.name for b in baselines}
 
@@ -412,8 +469,10 @@ class StudyRun:
             return
         study.set_user_attr(SIM_QUEUED, True)
         for pick in study.user_attrs[SIM_PICKS]:
-            study.enqueue_trial(pick["values"], user_attrs={Attr.CHOSEN_BECAUSE: pick["why"],
-                                                            Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]})
+            study.enqueue_trial(
+                pick["values"],
+                user_attrs={Attr.CHOSEN_BECAUSE: pick["why"], Attr.PREDICTED_CAPACITY_RPS: pick["capacity_rps"]},
+            )
 
     def _learn(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """After each trial, once the simulator's first picks and the baselines have run: refit the simulator on
@@ -442,8 +501,9 @@ class StudyRun:
             measured.add(tuple(sorted(t.params.items())))
             if Attr.UTILIZATION in t.user_attrs:  # and what ran: at the utilization the rule moved it to
                 measured.add(tuple(sorted({**t.params, UTILIZATION: t.user_attrs[Attr.UTILIZATION]["runs"]}.items())))
-        ranked = sorted((p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")),
-                        key=lambda p: -p["capacity_rps"])
+        ranked = sorted(
+            (p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")), key=lambda p: -p["capacity_rps"]
+        )
         left = [p["values"] for p in ranked if tuple(sorted(p["values"].items())) not in measured][:SIM_RERANK]
         if not left:
             return self._stop_simulating(study, "it has no config left that it predicts to hold the SLOs")
@@ -454,10 +514,14 @@ class StudyRun:
         best = max((r.capacity_rps for r in records if r.feasible), default=0.0)
         if capacity <= best:
             return self._stop_simulating(study, f"it predicts no config left above the best measured, {best:.2f} req/s")
-        study.enqueue_trial(values, user_attrs={
-            Attr.CHOSEN_BECAUSE: f"simulator, refitted after trial {trial.number}: predicted {capacity:.2f} req/s, "
-                                 f"above the best measured {best:.2f}",
-            Attr.PREDICTED_CAPACITY_RPS: capacity})
+        study.enqueue_trial(
+            values,
+            user_attrs={
+                Attr.CHOSEN_BECAUSE: f"simulator, refitted after trial {trial.number}: predicted {capacity:.2f} req/s, "
+                f"above the best measured {best:.2f}",
+                Attr.PREDICTED_CAPACITY_RPS: capacity,
+            },
+        )
 
     def _stop_simulating(self, study: optuna.Study, why: str) -> None:
         study.set_user_attr(SIM_STOPPED, why)
@@ -524,8 +588,10 @@ class StudyRun:
             self._record_steps(trial, out)
             last = out.steps[-1]
             if last.cut:
-                self.show(f"trial {trial.number}: the step at {last.rate:.2f} req/s stopped after "
-                          f"{len(last.results)} requests: {last.cut}")
+                self.show(
+                    f"trial {trial.number}: the step at {last.rate:.2f} req/s stopped after "
+                    f"{len(last.results)} requests: {last.cut}"
+                )
             if not self.scoring.prunable or trial.user_attrs.get(Attr.BASELINE):
                 return False  # baselines are measured in full: every result is shown as a gain over them
             trial.report(out.capacity_rps, len(out.steps) - 1)
@@ -535,20 +601,31 @@ class StudyRun:
         profile: LoadProfile = self.scoring.profile()
         guess = self._ladder_guess(trial) if race is None else None
         if guess is not None:
-            profile = Ladder(guess / self.steps.base.rate, self.d.objective.max_steps, self.d.objective.resolution,
-                             gallop=True)
+            profile = Ladder(
+                guess / self.steps.base.rate, self.d.objective.max_steps, self.d.objective.resolution, gallop=True
+            )
             trial.set_user_attr(Attr.LADDER_START_RPS, guess)
         if race is not None:
             profile = Race(race["start_load"], self.d.objective.max_steps, self.d.objective.resolution)
             trial.set_user_attr(Attr.RACE, race)
-            self.show(f"trial {trial.number}: races trial {race['incumbent']}, starting at its capacity "
-                      f"{race['incumbent_rps']:.2f} req/s")
+            self.show(
+                f"trial {trial.number}: races trial {race['incumbent']}, starting at its capacity "
+                f"{race['incumbent_rps']:.2f} req/s"
+            )
         log_dir = self.d.run_dir / "trials" / f"{trial.number:04d}"
         out = measure_engine(
-            self.d.command, args, self.table, self.steps.at, self.d.slos, profile,
-            log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, replay=ReplayOptions(),
+            self.d.command,
+            args,
+            self.table,
+            self.steps.at,
+            self.d.slos,
+            profile,
+            log_dir=log_dir,
+            startup_timeout=self.d.startup_timeout_s,
+            replay=ReplayOptions(),
             requests_file=log_dir / "requests.jsonl",
-            on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"), on_step=on_step,
+            on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"),
+            on_step=on_step,
             cut_lost_steps=self._cut_lost_steps,
         )
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
@@ -557,8 +634,10 @@ class StudyRun:
         if race is not None and out.failure is None and Race.lost([(st.load, st.passed) for st in out.steps]):
             lost_at = out.steps[0].rate  # its steps and constraints are recorded already, by on_step
             trial.set_user_attr(Attr.RACE, {**race, "lost": True, "missed_at_rps": lost_at})
-            self.show(f"trial {trial.number}: lost the race: missed the SLOs at {lost_at:.2f} req/s, where trial "
-                      f"{race['incumbent']} holds them")
+            self.show(
+                f"trial {trial.number}: lost the race: missed the SLOs at {lost_at:.2f} req/s, where trial "
+                f"{race['incumbent']} holds them"
+            )
             raise optuna.TrialPruned(f"raced trial {race['incumbent']}: missed the SLOs at {lost_at:.2f} req/s")
         if out.stopped_early:
             self.show(f"trial {trial.number}: pruned at {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
@@ -570,8 +649,10 @@ class StudyRun:
             self.show(f"trial {trial.number}: {f.failure_class.value}: {f.summary}")
             if f.failure_class is FailureClass.INVALID_ARGS:
                 engine = self.space.engine.display_name
-                raise ConfigError(f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
-                                  f"config {engine} refuses: fix the space (argv in the trial's user attrs)")
+                raise ConfigError(
+                    f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
+                    f"config {engine} refuses: fix the space (argv in the trial's user attrs)"
+                )
             if f.failure_class is FailureClass.OOM and Attr.UTILIZATION in trial.user_attrs:
                 self._lower_utilization_ceiling(trial)
             if f.failure_class in _PRUNED_CLASSES:
@@ -593,18 +674,32 @@ class StudyRun:
         the highest that starts are one config); measuring it again is minutes of GPU for an answer the study has
         (the re-measurement, not a second trial, is what deals with noise)."""
         done = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return next((t for t in done if t.user_attrs.get(Attr.ENGINE_ARGS) == engine_args
-                     and Attr.SAME_CONFIG_AS not in t.user_attrs), None)
+        return next(
+            (
+                t
+                for t in done
+                if t.user_attrs.get(Attr.ENGINE_ARGS) == engine_args and Attr.SAME_CONFIG_AS not in t.user_attrs
+            ),
+            None,
+        )
 
-    def _as_measured(self, trial: optuna.Trial, twin: FrozenTrial, argv: list[str],
-                     shown: EngineArgs) -> float | tuple[float, ...]:
+    def _as_measured(
+        self, trial: optuna.Trial, twin: FrozenTrial, argv: list[str], shown: EngineArgs
+    ) -> float | tuple[float, ...]:
         """This trial takes its twin's result (no engine starts): its value, constraints and capacity, or its
         pruning, with ``same_config_as`` saying whose."""
         trial.set_user_attr(Attr.SAME_CONFIG_AS, twin.number)
         trial.set_user_attr(Attr.ARGV, argv)
         trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
-        for key in (Attr.CONSTRAINTS, Attr.CAPACITY_RPS, Attr.CAPACITY_OUTPUT_TOK_S, Attr.FAILURE_CLASS,
-                    Attr.FAILURE, Attr.FAILURE_EXCERPT, Attr.PRECHECK):
+        for key in (
+            Attr.CONSTRAINTS,
+            Attr.CAPACITY_RPS,
+            Attr.CAPACITY_OUTPUT_TOK_S,
+            Attr.FAILURE_CLASS,
+            Attr.FAILURE,
+            Attr.FAILURE_EXCERPT,
+            Attr.PRECHECK,
+        ):
             if key in twin.user_attrs:
                 trial.set_user_attr(key, twin.user_attrs[key])
         if Attr.FAILURE_CLASS in twin.user_attrs:
@@ -634,8 +729,9 @@ class StudyRun:
         ceiling = trial.study.user_attrs.get(UTILIZATION_CEILING)
         point = self._runs_as(values, ceiling)
         if point is not values:
-            trial.set_user_attr(Attr.UTILIZATION, {"sampled": values[UTILIZATION], "runs": point[UTILIZATION],
-                                                   "ceiling": ceiling})
+            trial.set_user_attr(
+                Attr.UTILIZATION, {"sampled": values[UTILIZATION], "runs": point[UTILIZATION], "ceiling": ceiling}
+            )
         return point
 
     def _runs_as(self, values: dict[str, Any], ceiling: float | None = None) -> dict[str, Any]:
@@ -667,8 +763,10 @@ class StudyRun:
         new = below[0] if below else ran
         if ceiling is None or new < ceiling:
             trial.study.set_user_attr(UTILIZATION_CEILING, new)
-            self.notice(f"trial {trial.number} ran out of memory at gpu_memory_utilization {ran}, which the start-up "
-                        f"model said starts: later trials stay at {new} or below")
+            self.notice(
+                f"trial {trial.number} ran out of memory at gpu_memory_utilization {ran}, which the start-up "
+                f"model said starts: later trials stay at {new} or below"
+            )
 
     def _race(self, trial: optuna.Trial) -> dict[str, float | int] | None:
         """The incumbent a sampled trial races (the feasible trial with the best capacity so far, baselines
@@ -677,8 +775,9 @@ class StudyRun:
         if not self.d.objective.race or not self.scoring.remeasured or trial.user_attrs.get(Attr.BASELINE):
             return None
         done = [TrialRecord.of(t) for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-        best = max((r for r in done if r.feasible and r.values and r.values[0] > 0), key=lambda r: r.values[0],
-                   default=None)
+        best = max(
+            (r for r in done if r.feasible and r.values and r.values[0] > 0), key=lambda r: r.values[0], default=None
+        )
         base_rate = self.steps.base.rate
         if best is None or not base_rate > 0:
             return None
@@ -693,8 +792,12 @@ class StudyRun:
         how far off the simulator has been on this study's measured trials (``prediction_bias``): the picks and
         baselines queued before any refit were predicted by a simulator that has not seen this host yet."""
         predicted = trial.user_attrs.get(Attr.PREDICTED_CAPACITY_RPS)
-        if (not predicted or SIM_STOPPED in trial.study.user_attrs or not self.scoring.remeasured  # pareto: one load
-                or not self.steps.base.rate > 0):
+        if (
+            not predicted
+            or SIM_STOPPED in trial.study.user_attrs
+            or not self.scoring.remeasured  # pareto: one load
+            or not self.steps.base.rate > 0
+        ):
             return None
         done = [TrialRecord.of(t) for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
         return float(predicted) * prediction_bias(done)
@@ -715,8 +818,10 @@ class StudyRun:
         trial.set_user_attr(Attr.STEPS, [s.to_json() for s in out.steps])
         judged = out.judged_step()
         if judged is not None:
-            trial.set_user_attr(Attr.CONSTRAINTS, [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT
-                                                for v in judged.verdicts] or [0.0])
+            trial.set_user_attr(
+                Attr.CONSTRAINTS,
+                [v.violation if math.isfinite(v.violation) else NO_MEASUREMENT for v in judged.verdicts] or [0.0],
+            )
             trial.set_user_attr(Attr.CAPACITY_RPS, out.capacity_rps)
 
     def _record_failure(self, trial: optuna.Trial, cls: str, summary: str, excerpt: str, engine_seconds: float) -> None:
@@ -744,11 +849,16 @@ class StudyRun:
     def _upload(self, trial: optuna.Trial, out: Outcome) -> None:
         for path in out.log_paths.values():
             if path.exists():
-                upload_artifact(study_or_trial=trial, file_path=str(path), artifact_store=self.store,
-                                mimetype="text/plain")
+                upload_artifact(
+                    study_or_trial=trial, file_path=str(path), artifact_store=self.store, mimetype="text/plain"
+                )
         if out.requests_path is not None:
-            upload_artifact(study_or_trial=trial, file_path=str(out.requests_path), artifact_store=self.store,
-                            mimetype="application/x-ndjson")
+            upload_artifact(
+                study_or_trial=trial,
+                file_path=str(out.requests_path),
+                artifact_store=self.store,
+                mimetype="application/x-ndjson",
+            )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -768,8 +878,9 @@ class StudyRun:
         callbacks = [self._notes, self._queue_sim_picks, *self.callbacks, self._learn]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-        study.optimize(self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,),
-                       callbacks=callbacks)
+        study.optimize(
+            self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,), callbacks=callbacks
+        )
 
     def _notes(self, study: optuna.Study, _: FrozenTrial) -> None:
         save_notes(study, [s.text for s in self.d.slos])
@@ -784,21 +895,32 @@ class StudyRun:
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
         cands = [Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env)) for label, r in picks]
-        self.notice(f"re-measuring {', '.join(c.label for c in cands)}, {self.d.remeasure_repeats} times each, "
-                    "interleaved: the winner goes by median, and a gain must beat the spread")
+        self.notice(
+            f"re-measuring {', '.join(c.label for c in cands)}, {self.d.remeasure_repeats} times each, "
+            "interleaved: the winner goes by median, and a gain must beat the spread"
+        )
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
                 log_dir = self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}"
                 out = measure_engine(
-                    self.d.command, c.args, self.table, self.steps.at, self.d.slos, self.scoring.profile(),
-                    log_dir=log_dir, startup_timeout=self.d.startup_timeout_s, requests_file=log_dir / "requests.jsonl",
+                    self.d.command,
+                    c.args,
+                    self.table,
+                    self.steps.at,
+                    self.d.slos,
+                    self.scoring.profile(),
+                    log_dir=log_dir,
+                    startup_timeout=self.d.startup_timeout_s,
+                    requests_file=log_dir / "requests.jsonl",
                     on_phase=lambda ph, c=c: self.show(f"re-measuring {c.label}: {ph}"),
                     cut_lost_steps=self._cut_lost_steps,
                 )
                 _raise_if_stopped()  # no verdict from an engine the stop killed
                 c.capacities.append(out.capacity_rps)
-                self.notice(f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s")
+                self.notice(
+                    f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s"
+                )
                 c.runs.append([s.to_json() for s in out.steps])
         verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())

@@ -31,7 +31,9 @@ class Suggest(Protocol):
     """What a Space needs from an Optuna trial (optuna.Trial satisfies it)."""
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False) -> float: ...
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
 
 
@@ -70,7 +72,7 @@ class Param:
         With ``engine``, each value written is checked against its ranges too (``EngineKind.out_of_range``).
         """
         if not isinstance(spec, dict):
-            raise ConfigError(f"{where} must be a table like {{ type = \"int\", low = 8, high = 256, default = 128 }}")
+            raise ConfigError(f'{where} must be a table like {{ type = "int", low = 8, high = 256, default = 128 }}')
         t = Table(spec, where, see="see 'Writing a study' in docs/study-file.md")
         t.only(("type", "default", "low", "high", "step", "log", "choices", "env", "when"))
         kind = t.string("type", choices=_KINDS)
@@ -82,8 +84,19 @@ class Param:
         choices = t.value("choices", [])
         if not isinstance(choices, list) or not all(isinstance(c, (str, int, float)) for c in choices):
             raise t.wrong("choices", "a list of strings, numbers or booleans")
-        p = cls(name=name, kind=kind, default=default, low=low, high=high, step=step, log=t.boolean("log", False),
-                choices=tuple(choices), env=t.boolean("env", False), when=t.string("when", None), origin=where)
+        p = cls(
+            name=name,
+            kind=kind,
+            default=default,
+            low=low,
+            high=high,
+            step=step,
+            log=t.boolean("log", False),
+            choices=tuple(choices),
+            env=t.boolean("env", False),
+            when=t.string("when", None),
+            origin=where,
+        )
         try:
             p.check(p.default)
         except ConfigError as e:
@@ -229,12 +242,14 @@ class Space:
         return replace(self, fixed=fixed, max_model_len=max_model_len)
 
 
-def default_space(engine: EngineKind, platform: str, gpu_memory_gib: float = 0.0,
-                  gpu_name: str = "") -> tuple[Param, ...]:
+def default_space(
+    engine: EngineKind, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = ""
+) -> tuple[Param, ...]:
     """The engine kind's default space for the platform and GPU (each default the engine's own)."""
     table = engine.default_space(platform, gpu_memory_gib, gpu_name)
-    return tuple(Param.from_table(name, spec, f"{engine.name} default space: {name}", engine)
-                 for name, spec in table.items())
+    return tuple(
+        Param.from_table(name, spec, f"{engine.name} default space: {name}", engine) for name, spec in table.items()
+    )
 
 
 def check_range(engine: EngineKind, key: str, value: Any, where: str) -> None:

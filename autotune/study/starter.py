@@ -64,12 +64,15 @@ def study_name(req: StudyRequest) -> str:
 def check_request(req: StudyRequest) -> None:
     """Every missing piece as one line saying what to add, before anything is written."""
     if not req.slos:
-        raise ConfigError("give the latency promise to tune for: --slo 'ttft<800ms' (repeatable; "
-                          "'p99:ttft<1s', 'tpot<50ms', 'rps>5')")
+        raise ConfigError(
+            "give the latency promise to tune for: --slo 'ttft<800ms' (repeatable; 'p99:ttft<1s', 'tpot<50ms', 'rps>5')"
+        )
     parse_slos(list(req.slos))  # a typo is its own one-line error
     if req.workload is None and req.rate is None:
-        raise ConfigError("say what traffic to tune for: --workload trace.jsonl (recorded, e.g. by autotune capture), "
-                          "or --rate R requests/s for the synthetic chat scenario (--scenario picks another)")
+        raise ConfigError(
+            "say what traffic to tune for: --workload trace.jsonl (recorded, e.g. by autotune capture), "
+            "or --rate R requests/s for the synthetic chat scenario (--scenario picks another)"
+        )
     if req.workload is not None and req.scenario is not None:
         raise ConfigError("give either --workload FILE or --scenario NAME, not both")
     if req.workload is not None and not req.workload.is_file():
@@ -81,9 +84,11 @@ def check_request(req: StudyRequest) -> None:
     if req.tokenizer is None and req.workload is None:  # a synthetic workload's prompts are built with it
         files = locate(req.model)
         if files.tokenizer is None:
-            where = (f"{files.directory} holds no tokenizer.json" if files.directory is not None else files.found)
-            raise ConfigError(f"{where}: the prompts are built with the model's tokenizer: rerun with --download to "
-                              f"fetch its config and tokenizer (or `{files.fetch_command()}`), or add --tokenizer DIR")
+            where = f"{files.directory} holds no tokenizer.json" if files.directory is not None else files.found
+            raise ConfigError(
+                f"{where}: the prompts are built with the model's tokenizer: rerun with --download to "
+                f"fetch its config and tokenizer (or `{files.fetch_command()}`), or add --tokenizer DIR"
+            )
     if req.trials < 1:
         raise ConfigError("--trials must be at least 1")
 
@@ -133,22 +138,31 @@ def render_study(req: StudyRequest, platform: Platform, default_space: dict[str,
         g = platform.gpus[0]
         seen = "declared by the engine command" if platform.declared else "found by NVML"
         out.append(f'platform = "cuda"              # {len(platform.gpus)}x {g.name}, {seen}')
-    out += [f"port = {req.port}                     # staging engine port (localhost)",
-            'startup_timeout = "15m"        # a start slower than this is a failed trial']
+    out += [
+        f"port = {req.port}                     # staging engine port (localhost)",
+        'startup_timeout = "15m"        # a start slower than this is a failed trial',
+    ]
     if platform.declared:
         g = platform.gpus[0]
-        out += ["", "[engine.gpu]                   # the GPU the default space and the pre-check size for",
-                f"name = {_toml_value(g.name)}",
-                f'memory = "{g.total_bytes >> 20}MiB"',
-                f"count = {len(platform.gpus)}"]
+        out += [
+            "",
+            "[engine.gpu]                   # the GPU the default space and the pre-check size for",
+            f"name = {_toml_value(g.name)}",
+            f'memory = "{g.total_bytes >> 20}MiB"',
+            f"count = {len(platform.gpus)}",
+        ]
     fixed = dict(req.extra_args)
     if req.tokenizer is not None and not local:
         fixed.setdefault("tokenizer", _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
     out += ["", "[engine.args]                  # fixed for every trial: the search never changes these"]
     out += [f"{k} = {_toml_value(v)}" for k, v in fixed.items()] or ["# max_model_len = 8192"]
 
-    out += ["", "# No [space]: the platform's default space for this GPU and model, searched as below.",
-            "# To search fewer knobs or other ranges, uncomment [space] and edit it:", "# [space]"]
+    out += [
+        "",
+        "# No [space]: the platform's default space for this GPU and model, searched as below.",
+        "# To search fewer knobs or other ranges, uncomment [space] and edit it:",
+        "# [space]",
+    ]
     out += [f"# {k} = {_toml_value(v)}" for k, v in default_space.items()]
 
     out += ["", "[workload]"]
@@ -157,18 +171,29 @@ def render_study(req: StudyRequest, platform: Platform, default_space: dict[str,
         if req.rate is not None:
             out.append(f"rate = {_toml_value(req.rate)}            # arrivals for a file without arrival times")
     else:
-        out += [f"scenario = {_toml_value(req.scenario or 'chat')}          # chat, long-docs or high-concurrency",
-                f"rate = {_toml_value(req.rate)}                   # requests/s; each trial's load ladder starts here",
-                f"requests = {req.requests}"]
+        out += [
+            f"scenario = {_toml_value(req.scenario or 'chat')}          # chat, long-docs or high-concurrency",
+            f"rate = {_toml_value(req.rate)}                   # requests/s; each trial's load ladder starts here",
+            f"requests = {req.requests}",
+        ]
     if req.tokenizer is not None:
         out.append(f"tokenizer = {_toml_value(_abs(req.tokenizer))}   # prompts are built with the engine's tokenizer")
-    out += ["", "[objective]", 'kind = "capacity"              # the most requests/s that meet every SLO',
-            "max_steps = 4                  # load steps per trial: doubles while the SLOs hold, then bisects",
-            "", "[budget]", f"trials = {req.trials}                    # in all, baselines included; a rerun resumes",
-            '# timeout = "4h"', "",
-            "# [baselines]: vLLM's defaults and the other built-in baselines run first; every result is",
-            "# shown as a gain over them. Add your production config to be compared with it too:",
-            "# [baselines]", "# production = { max_num_seqs = 256, gpu_memory_utilization = 0.9 }", ""]
+    out += [
+        "",
+        "[objective]",
+        'kind = "capacity"              # the most requests/s that meet every SLO',
+        "max_steps = 4                  # load steps per trial: doubles while the SLOs hold, then bisects",
+        "",
+        "[budget]",
+        f"trials = {req.trials}                    # in all, baselines included; a rerun resumes",
+        '# timeout = "4h"',
+        "",
+        "# [baselines]: vLLM's defaults and the other built-in baselines run first; every result is",
+        "# shown as a gain over them. Add your production config to be compared with it too:",
+        "# [baselines]",
+        "# production = { max_num_seqs = 256, gpu_memory_utilization = 0.9 }",
+        "",
+    ]
     return "\n".join(out)
 
 

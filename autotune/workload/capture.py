@@ -56,8 +56,22 @@ DEFAULT_HOST = "127.0.0.1"  # production traffic passes through: listen on local
 RECORDED: dict[str, Api] = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded. Host and Content-Length are
 # set again by the client library for the new request and body.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "trailers", "transfer-encoding", "upgrade", "proxy-connection", "host", "content-length"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+        "host",
+        "content-length",
+    }
+)
 _EVENT_END = re.compile(rb"\r?\n\r?\n")  # an SSE event ends at a blank line
 
 
@@ -134,8 +148,14 @@ def _usage_of(event: bytes) -> tuple[dict[str, Any] | None, bool]:
 
 def _bad_gateway(upstream: str, error: BaseException) -> web.Response:
     """vLLM's error shape, so that OpenAI clients show the message."""
-    msg = {"error": {"message": f"capture proxy: upstream {upstream} failed: {type(error).__name__}: {error}",
-                     "type": "BadGateway", "param": None, "code": 502}}
+    msg = {
+        "error": {
+            "message": f"capture proxy: upstream {upstream} failed: {type(error).__name__}: {error}",
+            "type": "BadGateway",
+            "param": None,
+            "code": 502,
+        }
+    }
     return web.json_response(msg, status=502)
 
 
@@ -147,8 +167,9 @@ class TraceWriter:
         if self.path.is_dir():
             raise ConfigError(f"the trace file {self.path} is a directory; give a file name in it")
         if not self.path.parent.is_dir():
-            raise ConfigError(f"cannot write the trace {self.path}: its directory {self.path.parent} does not exist; "
-                              "create it first")
+            raise ConfigError(
+                f"cannot write the trace {self.path}: its directory {self.path.parent} does not exist; create it first"
+            )
         self.offset = self._resume()
         self._f: IO[str] = self.path.open("a", encoding="utf-8")
         self._t0: float | None = None
@@ -197,8 +218,9 @@ class CaptureProxy:
         except ValueError:
             url = None
         if url is None or url.scheme not in ("http", "https") or not url.host:
-            raise ConfigError(f"the upstream must be production's base URL, e.g. http://127.0.0.1:8000, "
-                              f"got {upstream_url!r}")
+            raise ConfigError(
+                f"the upstream must be production's base URL, e.g. http://127.0.0.1:8000, got {upstream_url!r}"
+            )
         self.upstream = upstream_url.rstrip("/")
         self.with_prompts = with_prompts
         self.writer = TraceWriter(out_path)
@@ -223,8 +245,9 @@ class CaptureProxy:
         )
         # handler_cancellation: a client that goes away cancels its handler, which closes the upstream
         # connection, which makes vLLM abort the request and free its KV cache
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=shutdown_timeout)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout
+        )
         await self._runner.setup()
         # our own socket, so that the port bound (port 0: any free one) can be read back
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -266,8 +289,13 @@ class CaptureProxy:
         self.stats.forwarded += 1
         assert self._session is not None, "start() first"
         try:
-            upstream = await self._session.request(request.method, URL(self.upstream + request.raw_path, encoded=True),
-                                                   headers=headers, data=body or None, allow_redirects=False)
+            upstream = await self._session.request(
+                request.method,
+                URL(self.upstream + request.raw_path, encoded=True),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            )
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             self.stats.upstream_errors += 1
             if api is not None:
@@ -329,9 +357,15 @@ class CaptureProxy:
         new_opts.pop("continuous_usage_stats", None)
         return json.dumps({**payload, "stream_options": new_opts}, ensure_ascii=False).encode(), True
 
-    async def _relay_events(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                            headers: CIMultiDict[str], ex: _Exchange, record: bool,
-                            strip_usage: bool) -> web.StreamResponse:
+    async def _relay_events(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        ex: _Exchange,
+        record: bool,
+        strip_usage: bool,
+    ) -> web.StreamResponse:
         """Relay an SSE stream event by event (each as soon as it is complete), picking out the usage."""
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         buf = b""
@@ -342,7 +376,7 @@ class CaptureProxy:
                 out = []
                 pos = 0
                 while (m := _EVENT_END.search(buf, pos)) is not None:
-                    event = buf[pos:m.end()]
+                    event = buf[pos : m.end()]
                     pos = m.end()
                     if _is_done(event):
                         ex.complete = True
@@ -365,8 +399,9 @@ class CaptureProxy:
         return resp
 
     @staticmethod
-    async def _relay_bytes(request: web.Request, upstream: aiohttp.ClientResponse,
-                           headers: CIMultiDict[str], ex: _Exchange) -> web.StreamResponse:
+    async def _relay_bytes(
+        request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str], ex: _Exchange
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         try:
             await resp.prepare(request)
@@ -392,15 +427,29 @@ class CaptureProxy:
             self.stats.not_recorded += 1  # the trace format needs both (max_tokens 0 requests have no output)
             return
         prompt = _prompt_text(api, payload) if self.with_prompts else None
-        self.writer.write(Request(arrival_s=round(arrival, 6), output_tokens=output_tokens, prompt=prompt,
-                                  prompt_tokens=prompt_tokens, api=api))
+        self.writer.write(
+            Request(
+                arrival_s=round(arrival, 6),
+                output_tokens=output_tokens,
+                prompt=prompt,
+                prompt_tokens=prompt_tokens,
+                api=api,
+            )
+        )
         self.stats.recorded += 1
 
 
-async def serve_capture(listen_host: str, listen_port: int, upstream_url: str, out_path: str | Path, *,
-                        with_prompts: bool = False, stop: asyncio.Event | None = None,
-                        stop_event: threading.Event | None = None,
-                        on_ready: Callable[[int], None] | None = None) -> CaptureStats:
+async def serve_capture(
+    listen_host: str,
+    listen_port: int,
+    upstream_url: str,
+    out_path: str | Path,
+    *,
+    with_prompts: bool = False,
+    stop: asyncio.Event | None = None,
+    stop_event: threading.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> CaptureStats:
     """Run the proxy in the running loop until ``stop`` or ``stop_event`` is set (or SIGINT/SIGTERM
     in the main thread); its counts. ``on_ready`` gets the port once it listens."""
     proxy = CaptureProxy(upstream_url, out_path, with_prompts=with_prompts)
@@ -431,9 +480,16 @@ async def serve_capture(listen_host: str, listen_port: int, upstream_url: str, o
     return proxy.stats
 
 
-def run_capture(listen_host: str, listen_port: int, upstream_url: str, out_path: str | Path, *,
-                with_prompts: bool = False, stop_event: threading.Event | None = None,
-                on_ready: Callable[[int], None] | None = None) -> CaptureStats:
+def run_capture(
+    listen_host: str,
+    listen_port: int,
+    upstream_url: str,
+    out_path: str | Path,
+    *,
+    with_prompts: bool = False,
+    stop_event: threading.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> CaptureStats:
     """Blocking: record traffic to ``out_path`` until ``stop_event`` is set or SIGINT/SIGTERM.
 
     Pass ``DEFAULT_HOST`` (127.0.0.1) as listen_host unless the proxy must be reachable from
@@ -442,5 +498,14 @@ def run_capture(listen_host: str, listen_port: int, upstream_url: str, out_path:
     from autotune.workload.eventloop import event_loop_factory
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve_capture(listen_host, listen_port, upstream_url, out_path,
-                                        with_prompts=with_prompts, stop_event=stop_event, on_ready=on_ready))
+        return runner.run(
+            serve_capture(
+                listen_host,
+                listen_port,
+                upstream_url,
+                out_path,
+                with_prompts=with_prompts,
+                stop_event=stop_event,
+                on_ready=on_ready,
+            )
+        )

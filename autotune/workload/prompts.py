@@ -33,8 +33,10 @@ class Tokenizer:
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # the library's one error type for a file it cannot read: a bare Exception
-            raise ConfigError(f"{path} is not a tokenizer the tokenizers library reads ({e}); pass the model "
-                              "directory that holds its tokenizer.json") from e
+            raise ConfigError(
+                f"{path} is not a tokenizer the tokenizers library reads ({e}); pass the model "
+                "directory that holds its tokenizer.json"
+            ) from e
         self.path = path
 
     def encode(self, text: str) -> list[int]:
@@ -56,8 +58,9 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise ConfigError(f"no tokenizer.json at {path}; prompts of a token count need the model's tokenizer "
-                          "(pass --tokenizer DIR)")
+        raise ConfigError(
+            f"no tokenizer.json at {path}; prompts of a token count need the model's tokenizer (pass --tokenizer DIR)"
+        )
     return Tokenizer(path)
 
 

@@ -42,8 +42,10 @@ class WorkloadSpec:
         if self.rate is not None and not self.rate > 0:  # inf is allowed: every request at once
             raise ConfigError(f"the request rate (--rate, [workload].rate) must be positive, got {self.rate}")
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
-            raise ConfigError("burstiness (--burstiness, [workload].burstiness) must be a positive number "
-                              f"(1: Poisson arrivals, below 1: burstier), got {self.burstiness}")
+            raise ConfigError(
+                "burstiness (--burstiness, [workload].burstiness) must be a positive number "
+                f"(1: Poisson arrivals, below 1: burstier), got {self.burstiness}"
+            )
         if self.num_requests < 0:
             raise ConfigError(f"the number of requests must be 0 (all of a trace) or more, got {self.num_requests}")
         if self.seed < 0:
@@ -86,8 +88,10 @@ class LoadSteps:
         self.spec: WorkloadSpec | None = spec
         self.base = load(spec)
         if not math.isfinite(self.base.rate):
-            raise ConfigError(f"every request of workload {self.base.name!r} arrives at once: the load steps up from "
-                              "its rate, so give the requests arrival times over a span, or a finite rate")
+            raise ConfigError(
+                f"every request of workload {self.base.name!r} arrives at once: the load steps up from "
+                "its rate, so give the requests arrival times over a span, or a finite rate"
+            )
         self.duration_s = duration_s or max(self.base.span_s, 1.0)
         self._cache: dict[float, Workload] = {}
 
@@ -109,8 +113,14 @@ class LoadSteps:
         rate = self.base.rate * load_factor
         n = max(2, math.ceil(rate * self.duration_s))
         if self.spec is not None and self.spec.scenario is not None:
-            drawn = load(replace(self.spec, rate=self.spec.rate * load_factor, num_requests=n,
-                                 seed=self.spec.seed + int(load_factor * 1000)))
+            drawn = load(
+                replace(
+                    self.spec,
+                    rate=self.spec.rate * load_factor,
+                    num_requests=n,
+                    seed=self.spec.seed + int(load_factor * 1000),
+                )
+            )
             return replace(drawn, offered_rate=rate)
         return self.repeated(load_factor)
 
@@ -132,8 +142,9 @@ class LoadSteps:
         return Workload(tuple(reqs[:n]), self.base.name, offered_rate=rate)
 
 
-def length_flags(prompt_tokens: str | None, prefix_tokens: str | None, output_tokens: str | None,
-                 trace: bool) -> tuple[dict[str, object], int | None]:
+def length_flags(
+    prompt_tokens: str | None, prefix_tokens: str | None, output_tokens: str | None, trace: bool
+) -> tuple[dict[str, object], int | None]:
     """The length flags of ``autotune bench`` and ``vllm-sim predict`` (``--prompt-tokens N|LO-HI``, ...) as
     (scenario overrides, a trace's fixed output length): a trace takes one output length, not a range."""
     overrides: dict[str, object] = {}
@@ -171,8 +182,10 @@ def load(spec: WorkloadSpec) -> Workload:
     if all(r.has_text for r in workload.requests):
         return workload
     if tokenizer is None:
-        raise ConfigError("this workload gives prompt lengths in tokens; the prompts are built with the model's "
-                          f"tokenizer: {spec.no_tokenizer}")
+        raise ConfigError(
+            "this workload gives prompt lengths in tokens; the prompts are built with the model's "
+            f"tokenizer: {spec.no_tokenizer}"
+        )
     return materialize(workload, PromptBuilder(tokenizer), seed=spec.seed)
 
 
@@ -182,9 +195,14 @@ def _requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> Workload:
         raise ConfigError("give a workload: either a trace file (--workload FILE) or a scenario (--scenario chat)")
     if spec.trace is not None:
         return read_workload(
-            spec.trace, rate=spec.rate, burstiness=spec.burstiness, seed=spec.seed,
-            count_tokens=tokenizer.count if tokenizer else None, output_tokens=spec.output_tokens,
-            api=spec.api, limit=spec.num_requests if spec.num_requests else None,
+            spec.trace,
+            rate=spec.rate,
+            burstiness=spec.burstiness,
+            seed=spec.seed,
+            count_tokens=tokenizer.count if tokenizer else None,
+            output_tokens=spec.output_tokens,
+            api=spec.api,
+            limit=spec.num_requests if spec.num_requests else None,
         )
     if spec.rate is None:
         raise ConfigError("a synthetic workload needs a request rate, e.g. --rate 4")
@@ -194,5 +212,6 @@ def _requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> Workload:
     if spec.output_tokens is not None:
         overrides["output_tokens"] = (spec.output_tokens, spec.output_tokens)
     scenario = SCENARIOS[spec.scenario].with_overrides(**overrides)
-    return synthesize(scenario, rate=spec.rate, num_requests=spec.num_requests,
-                      burstiness=spec.burstiness, seed=spec.seed)
+    return synthesize(
+        scenario, rate=spec.rate, num_requests=spec.num_requests, burstiness=spec.burstiness, seed=spec.seed
+    )

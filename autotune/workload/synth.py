@@ -49,13 +49,27 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("chat", prompt_tokens=(50, 400), output_tokens=(100, 400), prefix_tokens=(1024, 4096),
-                 prefix_groups=4, api="chat",
-                 description="assistants with long shared system prompts: prefix caching pays"),
-        Scenario("long-docs", prompt_tokens=(1024, 8192), output_tokens=(100, 500),
-                 description="summarising or asking about long documents: prefill-heavy, chunked prefill matters"),
-        Scenario("high-concurrency", prompt_tokens=(32, 256), output_tokens=(32, 256),
-                 description="many short requests at once: max_num_seqs and batching matter"),
+        Scenario(
+            "chat",
+            prompt_tokens=(50, 400),
+            output_tokens=(100, 400),
+            prefix_tokens=(1024, 4096),
+            prefix_groups=4,
+            api="chat",
+            description="assistants with long shared system prompts: prefix caching pays",
+        ),
+        Scenario(
+            "long-docs",
+            prompt_tokens=(1024, 8192),
+            output_tokens=(100, 500),
+            description="summarising or asking about long documents: prefill-heavy, chunked prefill matters",
+        ),
+        Scenario(
+            "high-concurrency",
+            prompt_tokens=(32, 256),
+            output_tokens=(32, 256),
+            description="many short requests at once: max_num_seqs and batching matter",
+        ),
     )
 }
 
@@ -64,8 +78,9 @@ def _draw(rng: np.random.Generator, r: Range) -> int:
     return int(rng.integers(r[0], r[1] + 1))
 
 
-def synthesize(scenario: Scenario | str, *, rate: float, num_requests: int, burstiness: float = 1.0,
-               seed: int = 0) -> Workload:
+def synthesize(
+    scenario: Scenario | str, *, rate: float, num_requests: int, burstiness: float = 1.0, seed: int = 0
+) -> Workload:
     if isinstance(scenario, str):
         if scenario not in SCENARIOS:
             raise ConfigError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
@@ -75,14 +90,24 @@ def synthesize(scenario: Scenario | str, *, rate: float, num_requests: int, burs
     if not rate > 0:
         raise ConfigError(f"request rate must be positive, got {rate}")
     rng = np.random.default_rng(seed)
-    groups = [(f"{scenario.name}-system-{g}", _draw(rng, scenario.prefix_tokens))
-              for g in range(scenario.prefix_groups)] if scenario.prefix_tokens[1] > 0 else []
+    groups = (
+        [(f"{scenario.name}-system-{g}", _draw(rng, scenario.prefix_tokens)) for g in range(scenario.prefix_groups)]
+        if scenario.prefix_tokens[1] > 0
+        else []
+    )
     times = gamma_arrivals(num_requests, rate, burstiness, seed)
     reqs = []
     for t in times:
         own = _draw(rng, scenario.prompt_tokens)
         group, prefix = groups[int(rng.integers(len(groups)))] if groups else (None, 0)
-        reqs.append(Request(arrival_s=t, output_tokens=_draw(rng, scenario.output_tokens),
-                            prompt_tokens=own + prefix, prefix_group=group, prefix_tokens=prefix,
-                            api=scenario.api))
+        reqs.append(
+            Request(
+                arrival_s=t,
+                output_tokens=_draw(rng, scenario.output_tokens),
+                prompt_tokens=own + prefix,
+                prefix_group=group,
+                prefix_tokens=prefix,
+                api=scenario.api,
+            )
+        )
     return Workload(tuple(reqs), scenario.name)

@@ -37,15 +37,7 @@ import numpy as np
 
 from autotune.errors import TraceFormatError
 
-__all__ = [
-    "Request",
-    "Workload",
-    "read_workload",
-    "write_trace",
-    "with_arrivals",
-    "gamma_arrivals",
-    "MAX_TOKENS",
-]
+__all__ = ["Request", "Workload", "read_workload", "write_trace", "with_arrivals", "gamma_arrivals", "MAX_TOKENS"]
 
 Api = Literal["completion", "chat"]
 MAX_TOKENS = 1 << 24  # no model reads or writes more in one request; a larger count is a mistake
@@ -132,8 +124,9 @@ def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) 
     return [float(t) for t in np.cumsum(gaps)]
 
 
-def with_arrivals(requests: Iterable[Request], rate: float, burstiness: float = 1.0, seed: int = 0,
-                  name: str = "workload") -> Workload:
+def with_arrivals(
+    requests: Iterable[Request], rate: float, burstiness: float = 1.0, seed: int = 0, name: str = "workload"
+) -> Workload:
     reqs = list(requests)
     times = gamma_arrivals(len(reqs), rate, burstiness, seed)
     return Workload(tuple(replace(r, arrival_s=t) for r, t in zip(reqs, times)), name)
@@ -150,9 +143,17 @@ def write_trace(workload: Workload, path: str | Path) -> None:
 TokenCounter = Callable[[str], int]
 
 
-def read_workload(path: str | Path, *, rate: float | None = None, burstiness: float = 1.0, seed: int = 0,
-                  count_tokens: TokenCounter | None = None, output_tokens: int | None = None,
-                  api: Api | None = None, limit: int | None = None) -> Workload:
+def read_workload(
+    path: str | Path,
+    *,
+    rate: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    count_tokens: TokenCounter | None = None,
+    output_tokens: int | None = None,
+    api: Api | None = None,
+    limit: int | None = None,
+) -> Workload:
     """Read any supported file. Files without arrival times need ``rate``.
 
     ShareGPT's output lengths come from its answers, counted with ``count_tokens`` (the
@@ -164,8 +165,9 @@ def read_workload(path: str | Path, *, rate: float | None = None, burstiness: fl
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{p}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start}); "
-                               "save it as UTF-8") from e
+        raise TraceFormatError(
+            f"{p}: not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); save it as UTF-8"
+        ) from e
     stripped = text.lstrip()
     skipped = 0
     if stripped.startswith("["):
@@ -187,8 +189,9 @@ def read_workload(path: str | Path, *, rate: float | None = None, burstiness: fl
     if api is not None:
         reqs = [replace(r, api=api) for r in reqs]
     if not reqs:
-        raise TraceFormatError(f"{p}: no requests in the file" +
-                               (f" ({skipped} conversations skipped: {SKIPPED_WHY})" if skipped else ""))
+        raise TraceFormatError(
+            f"{p}: no requests in the file" + (f" ({skipped} conversations skipped: {SKIPPED_WHY})" if skipped else "")
+        )
     if timed and rate is None:
         reqs.sort(key=lambda r: r.arrival_s)
         return Workload(tuple(reqs), p.stem)
@@ -214,7 +217,7 @@ def _jsonl_rows(text: str, p: Path) -> list[tuple[int, dict]]:
 
 def _positive_int(row: dict, key: str, where: str, minimum: int = 1) -> int:
     v = row[key]
-    if isinstance(v, bool) or not isinstance(v, int) and not (isinstance(v, float) and v.is_integer()):
+    if isinstance(v, bool) or (not isinstance(v, int) and not (isinstance(v, float) and v.is_integer())):
         raise TraceFormatError(f"{where}: {key} must be an integer, got {v!r}")
     if int(v) < minimum:
         raise TraceFormatError(f"{where}: {key} must be >= {minimum}, got {v}")
@@ -227,8 +230,9 @@ def _request_from_row(row: dict, p: Path, n: int, timed: bool, output_tokens: in
     where = f"{p}:{n}"
     unknown = set(row) - _FIELDS
     if unknown and timed:
-        raise TraceFormatError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
-                               "see the trace format in docs/study-file.md")
+        raise TraceFormatError(
+            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; see the trace format in docs/study-file.md"
+        )
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise TraceFormatError(f"{where}: prompt must be a string")
@@ -254,15 +258,24 @@ def _request_from_row(row: dict, p: Path, n: int, timed: bool, output_tokens: in
     if group is not None and prefix_tokens == 0:
         raise TraceFormatError(f"{where}: prefix_group {group!r} needs prefix_tokens > 0")
     if prompt_tokens is not None and prefix_tokens >= prompt_tokens:
-        raise TraceFormatError(f"{where}: prefix_tokens ({prefix_tokens}) must be below prompt_tokens ({prompt_tokens})")
+        raise TraceFormatError(
+            f"{where}: prefix_tokens ({prefix_tokens}) must be below prompt_tokens ({prompt_tokens})"
+        )
     api = row.get("api", "completion")
     if api not in ("completion", "chat"):
         raise TraceFormatError(f"{where}: api must be 'completion' or 'chat', got {api!r}")
     if row.get("prefix") is not None and not isinstance(row["prefix"], str):
         raise TraceFormatError(f"{where}: prefix must be a string (the shared prefix's text)")
-    return Request(arrival_s=arrival, output_tokens=out, prompt=prompt, prompt_tokens=prompt_tokens,
-                   prefix_group=None if group is None else str(group), prefix_tokens=prefix_tokens,
-                   prefix=row.get("prefix"), api=api)
+    return Request(
+        arrival_s=arrival,
+        output_tokens=out,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        prefix_group=None if group is None else str(group),
+        prefix_tokens=prefix_tokens,
+        prefix=row.get("prefix"),
+        api=api,
+    )
 
 
 _ASKS = frozenset({"human", "user"})
@@ -274,8 +287,12 @@ def _exchange(turns: list, where: str) -> tuple[str, str] | None:
     """The first user turn the model answers in the next turn, and that answer; system turns set no prompt."""
     spoken = []
     for j, turn in enumerate(turns):
-        if not isinstance(turn, dict) or not isinstance(turn.get("from"), str) or not isinstance(turn.get("value"), str):
-            raise TraceFormatError(f"{where}: turn {j} must be {{\"from\": ROLE, \"value\": TEXT}}")
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("from"), str)
+            or not isinstance(turn.get("value"), str)
+        ):
+            raise TraceFormatError(f'{where}: turn {j} must be {{"from": ROLE, "value": TEXT}}')
         if turn["from"] != "system":
             spoken.append(turn)
     for ask, answer in zip(spoken, spoken[1:]):
@@ -284,8 +301,9 @@ def _exchange(turns: list, where: str) -> tuple[str, str] | None:
     return None
 
 
-def _read_sharegpt(data: object, p: Path, count_tokens: TokenCounter | None,
-                   output_tokens: int | None) -> tuple[list[Request], int]:
+def _read_sharegpt(
+    data: object, p: Path, count_tokens: TokenCounter | None, output_tokens: int | None
+) -> tuple[list[Request], int]:
     """One request per conversation with an exchange; and how many conversations had none."""
     if not isinstance(data, list):
         raise TraceFormatError(f"{p}: ShareGPT files are a JSON list of conversations")

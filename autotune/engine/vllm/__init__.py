@@ -35,7 +35,9 @@ class VllmKind(EngineKind):
     def block_sizes(self, platform: str) -> tuple[int, ...] | None:
         return defaults.BLOCK_SIZES.get(platform)
 
-    def default_space(self, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = "") -> dict[str, dict[str, Any]]:
+    def default_space(
+        self, platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = ""
+    ) -> dict[str, dict[str, Any]]:
         return defaults.default_space(platform, gpu_memory_gib, gpu_name)
 
     def apply_rules(self, values: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
@@ -52,8 +54,9 @@ class VllmKind(EngineKind):
             return "a fraction of the GPU's memory, > 0 and <= 1"
         return None
 
-    def precheck(self, shape: ModelShape, args: EngineArgs, platform: str,
-                 device_memory_bytes: int | None = None) -> str | None:
+    def precheck(
+        self, shape: ModelShape, args: EngineArgs, platform: str, device_memory_bytes: int | None = None
+    ) -> str | None:
         return precheck.precheck(shape, args, platform, device_memory_bytes)
 
     def render_config(self, model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:

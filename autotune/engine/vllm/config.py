@@ -54,8 +54,9 @@ def container_line(model: str, config_path: Path, env: Mapping[str, str], versio
     mounts = ["-v", f"{Path(config_path).resolve()}:{CONFIG_IN_CONTAINER}:ro"]
     if Path(model).is_dir():
         mounts += ["-v", f"{Path(model).resolve()}:{Path(model).resolve()}:ro"]
-    envs = ["-e", "HF_TOKEN"] + [a for k, v in env.items() if k != "HF_TOKEN"
-                                 for a in ("-e", k if v == REDACTED else f"{k}={v}")]
+    envs = ["-e", "HF_TOKEN"] + [
+        a for k, v in env.items() if k != "HF_TOKEN" for a in ("-e", k if v == REDACTED else f"{k}={v}")
+    ]
     return " ".join([shlex.join(words), cache, shlex.join([*mounts, *envs, f"{IMAGE}:{tag}", *CONTAINER_ARGS])])
 
 

@@ -18,8 +18,11 @@ BLOCK_SIZES: dict[str, tuple[int, ...]] = {"cuda": (16, 32, 64, 128), "cpu": (32
 BASELINES: dict[str, dict[str, Any]] = {
     "vllm-defaults": {},
     "xinference-4.1": {"gpu_memory_utilization": 0.90, "max_num_seqs": 256, "block_size": 16},
-    "xinference-legacy": {"gpu_memory_utilization": 0.7, "enable_chunked_prefill": False,
-                          "enable_prefix_caching": False},
+    "xinference-legacy": {
+        "gpu_memory_utilization": 0.7,
+        "enable_chunked_prefill": False,
+        "enable_prefix_caching": False,
+    },
 }
 
 
@@ -42,8 +45,14 @@ def default_space(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = ""
     seqs, tokens = default_batching(platform, gpu_memory_gib, gpu_name)
     common = {
         "enable_chunked_prefill": {"type": "bool", "default": True},
-        "long_prefill_token_threshold": {"type": "int", "default": 0, "low": 0, "high": 8192, "step": 512,
-                                         "when": "enable_chunked_prefill"},
+        "long_prefill_token_threshold": {
+            "type": "int",
+            "default": 0,
+            "low": 0,
+            "high": 8192,
+            "step": 512,
+            "when": "enable_chunked_prefill",
+        },
         "enable_prefix_caching": {"type": "bool", "default": True},
     }
     if platform == "cpu":

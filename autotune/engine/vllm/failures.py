@@ -14,7 +14,8 @@ __all__ = ["PATTERNS"]
 
 # Most specific first: an OOM traceback also contains the generic "initialization failed".
 _OOM: Patterns = [
-    (FailureClass.OOM, re.compile(p)) for p in (
+    (FailureClass.OOM, re.compile(p))
+    for p in (
         r"torch\.OutOfMemoryError",
         r"CUDA out of memory",
         r"No available memory for the cache blocks",
@@ -24,7 +25,8 @@ _OOM: Patterns = [
     )
 ]
 _INVALID_ARGS: Patterns = [
-    (FailureClass.INVALID_ARGS, re.compile(p)) for p in (
+    (FailureClass.INVALID_ARGS, re.compile(p))
+    for p in (
         r"\berror: unrecognized arguments:",
         r"\berror: argument ",
         r"\berror: the following arguments are required",

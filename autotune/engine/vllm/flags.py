@@ -17,15 +17,23 @@ import json
 import os
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError
 
-__all__ = ["REMOVED", "MANAGED", "DUMP_CODE", "bundled_table", "bundled_versions", "dump_flags", "engine_python",
-           "table_for_command"]
+__all__ = [
+    "REMOVED",
+    "MANAGED",
+    "DUMP_CODE",
+    "bundled_table",
+    "bundled_versions",
+    "dump_flags",
+    "engine_python",
+    "table_for_command",
+]
 
 # Flags that people copy from blog posts and old docs, with what to do instead (checked against 0.32/0.33).
 REMOVED: dict[str, str] = {
@@ -56,7 +64,7 @@ MANAGED: dict[str, str] = {
 _VLLM = {"removed": REMOVED, "managed": MANAGED, "engine": "vLLM", "help_command": "`vllm serve --help=all`"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bundled() -> dict:
     return json.loads(resources.files("autotune.engine.vllm").joinpath("vllm_flags.json").read_text())
 
@@ -72,9 +80,11 @@ def bundled_table(version: str) -> FlagTable:
     tables = _bundled()
     key = ".".join(version.strip().removeprefix("v").split("+")[0].split(".")[:2])
     if key not in tables:
-        raise ConfigError(f"no flag table for vLLM {version!r}: autotune bundles {', '.join(bundled_versions())}; "
-                          "give one of them, or run autotune where the engine's vLLM is installed so its own "
-                          "parser is read")
+        raise ConfigError(
+            f"no flag table for vLLM {version!r}: autotune bundles {', '.join(bundled_versions())}; "
+            "give one of them, or run autotune where the engine's vLLM is installed so its own "
+            "parser is read"
+        )
     return FlagTable.from_dump(tables[key], source=f"bundled:{key}", **_VLLM)
 
 
@@ -148,7 +158,9 @@ def _vllm_version(python: str) -> str | None:
     try:
         out = subprocess.run(
             [python, "-c", "from importlib.metadata import version; print(version('vllm'))"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -168,8 +180,13 @@ def dump_flags(python: str, timeout: float = 300) -> dict | None:
         except json.JSONDecodeError:
             pass
     try:
-        out = subprocess.run([python, "-c", DUMP_CODE], capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+        out = subprocess.run(
+            [python, "-c", DUMP_CODE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:

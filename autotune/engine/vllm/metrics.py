@@ -13,8 +13,9 @@ METRICS: dict[str, MetricSpec] = {
     # every finished request; vLLM 0.13-0.33 count no aborted one here (vllm-project/vllm#31503, #55634), so a
     # client that gives up in the queue is invisible but for the num_requests_waiting gauge
     "requests": MetricSpec("vllm:request_success_total", "counter"),
-    "requests_failed": MetricSpec("vllm:request_success_total", "counter",
-                                  label=("finished_reason", frozenset({"abort", "error"}))),
+    "requests_failed": MetricSpec(
+        "vllm:request_success_total", "counter", label=("finished_reason", frozenset({"abort", "error"}))
+    ),
     "prompt_tokens": MetricSpec("vllm:prompt_tokens_total", "counter"),
     "generation_tokens": MetricSpec("vllm:generation_tokens_total", "counter"),
     "preemptions": MetricSpec("vllm:num_preemptions_total", "counter"),

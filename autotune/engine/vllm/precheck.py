@@ -43,12 +43,16 @@ def precheck(shape: ModelShape, args: EngineArgs, platform: str, device_memory_b
         gpus = int(v.get("tensor_parallel_size", 1)) * int(v.get("pipeline_parallel_size", 1))
         share = float(v.get("gpu_memory_utilization", 0.92)) * device_memory_bytes * gpus
         if shape.weights_bytes >= share:
-            return (f"the weights alone ({_fmt(shape.weights_bytes)}) exceed gpu_memory_utilization's share of "
-                    f"{gpus} GPU(s) ({_fmt(share)})")
+            return (
+                f"the weights alone ({_fmt(shape.weights_bytes)}) exceed gpu_memory_utilization's share of "
+                f"{gpus} GPU(s) ({_fmt(share)})"
+            )
         budget, source = share - shape.weights_bytes, "gpu_memory_utilization x device memory - weights"
     else:
         return None
     if need > budget:
-        return (f"one {max_len}-token sequence needs {_fmt(need)} of KV cache ({per_token} B/token); "
-                f"at most {_fmt(budget)} is available ({source})")
+        return (
+            f"one {max_len}-token sequence needs {_fmt(need)} of KV cache ({per_token} B/token); "
+            f"at most {_fmt(budget)} is available ({source})"
+        )
     return None
