@@ -14,7 +14,7 @@ The truth is not the guide. For each scenario (model, GPU, workload, SLOs) and s
    on it (``TruthGpu.measure``, standing in for autotune's one measurement function). They are:
    - **autotune**: the real ``StudyRun`` (study/runner.py) as ``autotune study`` sets it up on a GPU host:
      baselines, simulate first with the *shipped* calibration, refit on every measured trial, race the
-     incumbent, TPE once the simulator stops (cli/calibrate.py's simulator_for and refitter);
+     incumbent, TPE once the simulator stops (sim/advisor.py's learning_simulator);
    - **TPE**: the same runner with no simulator and no race (autotune before issue 10);
    - **random**: Optuna's random sampler, no baselines;
    - **auto_tune grid**: vLLM's benchmarks/auto_tune.sh: the highest gpu_memory_utilization that starts
@@ -74,6 +74,7 @@ from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile, gpu_profile, model_shape
 from autotune.sim.rank import highest_holding
+from autotune.study.advisor import Advisor
 from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
 from autotune.workload.source import LoadSteps
@@ -416,29 +417,47 @@ class TruthGpu:
 _SHIPPED: dict[str, dict[str, Any]] = {}  # per scenario: the shipped simulator's predictions, the same in every run
 
 
-def _memo(predictor, cache: dict[str, Any], charge: Callable[[float], None]):
-    """The predictor, remembering its answers (a study asks again for the same configs after every trial, and the
-    benchmark runs the same study many times) and charging every answer the CPU seconds it took to compute the
-    first time: saves the benchmark's CPU, changes neither an answer nor what it costs the study."""
-    def predict(points):
+class _Charged(Advisor):
+    """The study's advisor, remembering its predictions (a study asks again for the same configs after every
+    trial, and the benchmark runs the same study many times) and charging every answer the CPU seconds it took to
+    compute the first time, and every refit its CPU seconds, as GPU time held idle: saves the benchmark's CPU,
+    changes neither an answer nor what it costs the study."""
+
+    def __init__(self, inner: Any, cache: dict[str, Any], charge: Callable[[float], None]) -> None:
+        self.inner, self.cache, self.charge = inner, cache, charge
+        self.predicts, self.learns, self.describe = inner.predicts, inner.learns, inner.describe
+        self.sim = inner.sim
+
+    def predict(self, points):
         out = []
         for p in points:
             k = json.dumps(p, sort_keys=True)
-            if k not in cache:
+            if k not in self.cache:
                 t0 = time.process_time()
-                cache[k] = (predictor([p])[0], time.process_time() - t0)
-            answer, seconds = cache[k]
-            charge(seconds)
+                self.cache[k] = (self.inner.predict([p])[0], time.process_time() - t0)
+            answer, seconds = self.cache[k]
+            self.charge(seconds)
             out.append(answer)
         return out
-    return predict
+
+    def startup_failure(self, values):
+        return self.inner.startup_failure(values)
+
+    def learn(self, study):
+        t0 = time.process_time()
+        said = self.inner.learn(study)
+        self.charge(time.process_time() - t0)
+        if self.inner.sim is not self.sim:  # a new fit: a new memory
+            self.sim, self.cache = self.inner.sim, {}
+        return said
 
 
 def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int, say: Callable[[str], None]) -> None:
     """One of autotune's own strategies: the real StudyRun, measuring on the truth."""
-    from autotune.cli.calibrate import refitter, simulator_for
+    from autotune.sim.advisor import learning_simulator
     from autotune.study import runner
     from autotune.study.definition import load_study
+    from autotune.study.storage import open_study
 
     ours = strategy == "autotune"
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
@@ -449,27 +468,19 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
         os.environ["AUTOTUNE_STATE_DIR"] = str(root / "state")  # this run's calibration only
         d = load_study(path)
         steps = _steps(sc)
-        run = runner.StudyRun(d, d.command.flag_table(), steps, show=lambda _: None, notice=say)
-        if ours:  # as cli/study.py sets a study up on a GPU host
+        advisor = None
+        if ours:  # as `autotune study` sets a study of real vLLM up on a GPU host: it learns from every trial
+
             def charge(seconds: float) -> None:
                 gpu.held_idle_s += seconds
 
-            sim, _ = simulator_for(d, run.devices, run.shape, steps)
-            run.predictor, run.startup = _memo(sim, _SHIPPED.setdefault(sc.name, {}), charge), sim.startup_failure
-            refit = refitter(d, run, steps, say)
-
-            def refit_and_remember(study) -> None:
-                fitted, t0 = run.predictor, time.process_time()
-                refit(study)
-                charge(time.process_time() - t0)
-                if run.predictor is not fitted:  # a new fit: a new memory
-                    run.predictor = _memo(run.predictor, {}, charge)
-
-            run.refit = refit_and_remember
+            shipped, _ = learning_simulator(runner.advisor_target(d, steps))
+            advisor = _Charged(shipped, _SHIPPED.setdefault(sc.name, {}), charge)
+        run = runner.StudyRun(d, d.command.flag_table(), steps, show=lambda _: None, notice=say, advisor=advisor)
         measure, runner.measure_engine = runner.measure_engine, gpu.measure
         try:
             optuna.logging.set_verbosity(optuna.logging.ERROR)
-            run.optimize(runner.open_study(d))
+            run.optimize(open_study(d))
         finally:
             runner.measure_engine = measure
 
@@ -549,15 +560,17 @@ def oracle_picks(table: dict[str, dict[str, Any]], noise_free: dict[str, dict[st
 
 def shipped_capacity(job: tuple[Scenario, str]) -> float:
     """The shipped simulator's predicted capacity (req/s) of a config: what autotune ranks by before it has
-    measured anything (sim/rank.SpaceSimulator with vllm-sim's own profile, as cli/calibrate.simulator_for builds
-    it on a host with no fit yet)."""
+    measured anything (sim/advisor.simulator with vllm-sim's own constants, as a study builds it on a host with
+    no fit yet)."""
     from autotune.measure.slo import parse_slos
-    from autotune.sim.rank import SpaceSimulator
+    from autotune.sim.advisor import devices_of_profile, simulator
+    from autotune.study.advisor import AdvisorTarget
 
     sc, key = job
-    steps = _steps(sc)
-    sim = SpaceSimulator(model_shape(sc.model), gpu_profile(sc.gpu), lambda load: steps.repeated(load, MAX_REQUESTS),
-                         steps.base.rate, parse_slos(list(sc.slos)), front_end=API_SERVER)
+    target = AdvisorTarget(sc.model, model_shape(sc.model), "cuda", devices_of_profile(sc.gpu), _steps(sc),
+                           parse_slos(list(sc.slos)), "shipped")
+    sim, why = simulator(target, calibrated=False)
+    assert sim is not None, why
     return sim.one(json.loads(key)).capacity_rps or 0.0
 
 

@@ -34,7 +34,7 @@ import tomli_w
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.cli.calibrate import MAX_REQUESTS, measured_steps  # noqa: E402
+from autotune.sim.advisor import MAX_REQUESTS, measured_steps  # noqa: E402
 from autotune.sim.calibrate import calibrate  # noqa: E402
 from autotune.sim.perf import API_SERVER  # noqa: E402
 from autotune.sim.profiles import GPUS  # noqa: E402

@@ -21,7 +21,8 @@ from autotune.errors import Interrupted
 from autotune.measure.session import Outcome
 from autotune.study import runner
 from autotune.study.definition import load_study
-from autotune.study.runner import StudyRun, open_study
+from autotune.study.runner import StudyRun
+from autotune.study.storage import open_study
 from autotune.workload.source import LoadSteps
 from tests.conftest import free_port
 from tests.test_daemon import STAGING

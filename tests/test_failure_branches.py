@@ -25,7 +25,8 @@ from autotune.publish.transaction import CanaryResult, publish, rollback
 from autotune.study import runner
 from autotune.study.definition import load_study
 from autotune.study.records import constraints_of
-from autotune.study.runner import StudyRun, make_sampler, open_study
+from autotune.study.runner import StudyRun
+from autotune.study.storage import make_sampler, open_study
 from autotune.workload.source import LoadSteps
 from tests.conftest import free_port
 from tests.test_daemon import STAGING

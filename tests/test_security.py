@@ -363,7 +363,7 @@ def test_the_study_database_is_private(tmp_path, open_umask, tiny_model):
     from dataclasses import replace
 
     from autotune.study.definition import load_study
-    from autotune.study.runner import open_study
+    from autotune.study.storage import open_study
 
     d = load_study(study_file(tmp_path, tiny_model))
     open_study(d)

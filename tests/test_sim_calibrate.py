@@ -137,21 +137,21 @@ def test_the_free_queue_hands_out_blocks_in_vllms_eviction_order():
 
 
 def test_a_cpu_study_simulates_first_only_once_this_host_is_calibrated(tmp_path, monkeypatch, tiny_model):
-    from autotune.cli.calibrate import simulator_for
     from autotune.study.definition import load_study
+    from autotune.study.runner import study_advisor
     from autotune.workload.source import LoadSteps
 
     monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path))
     study = example_study("tiny-cpu-chat", tiny_model, tmp_path)
     d = load_study(study, default_platform="cpu")
     steps = LoadSteps(d.workload, d.objective.step_seconds)
-    shape = model_shape(str(tiny_model))
-    sim, why = simulator_for(d, [], shape, steps)
-    assert sim is None and "not calibrated yet" in why
+    advisor, why = study_advisor(d, steps)
+    assert not advisor.predicts and "not calibrated yet" in why
     cal.save(cal.Calibration("cpu", str(tiny_model), {"host_step_s": 0.02}, 1.0, 0.2, 9, [0, 1, 2], "earlier"), tmp_path)
-    sim, why = simulator_for(d, [], shape, steps)
-    assert sim is not None and sim.gpu.host_step_s == 0.02 and "calibrated on 9 steps of 3 trials" in why
-    assert sim.one({"max_num_seqs": 8, "VLLM_CPU_KVCACHE_SPACE": 1}).kv_cache_tokens < 1 << 20  # 1 GiB, not the host
+    advisor, why = study_advisor(d, steps)
+    assert advisor.predicts and why is None and advisor.learns  # real vLLM: it refits on the study's trials
+    assert advisor.sim.gpu.host_step_s == 0.02 and "calibrated on 9 steps of 3 trials" in advisor.describe
+    assert advisor.sim.one({"max_num_seqs": 8, "VLLM_CPU_KVCACHE_SPACE": 1}).kv_cache_tokens < 1 << 20  # 1 GiB
 
 
 def test_calibrate_fits_a_studys_trials_and_the_next_study_predicts_with_it(tmp_path, tiny_model):

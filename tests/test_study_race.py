@@ -15,9 +15,43 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.measure.profiles import Ladder, Race
+from autotune.study.advice import Advice
+from autotune.study.advisor import Advisor
 from autotune.study.records import Attr
 from tests.conftest import free_port
 from tests.test_study_sim import STUDY
+
+
+class StubAdvisor(Advisor):
+    """A stand-in for the simulator (named as such): ``capacity`` maps a point to its predicted capacity,
+    ``startup`` a point to its start-up failure; ``predict`` raises ``fails`` and ``learn`` ``learn_fails``, where
+    given; ``learn`` counts its calls."""
+
+    predicts = True
+
+    def __init__(self, capacity=lambda p: None, startup=lambda p: None, learns=False, fails=None, learn_fails=None):
+        self.capacity, self.startup, self.learns, self.fails = capacity, startup, learns, fails
+        self.learn_fails = learn_fails
+        self.learned = []
+
+    def predict(self, points):
+        if self.fails is not None:
+            raise self.fails
+        return [_prediction(self.capacity(p)) for p in points]
+
+    def startup_failure(self, values):
+        return self.startup(values)
+
+    def learn(self, study):
+        self.learned.append(study)
+        if self.learn_fails is not None:
+            raise self.learn_fails
+
+
+def advise(run, advisor):
+    """The run asks ``advisor`` from now on (as if the CLI had built it with the run)."""
+    run.advice = Advice(advisor, run.space, run.steps, seed=run.d.seed, budget=run.d.budget.trials, notice=run._notice)
+    return advisor
 
 
 def test_a_race_starts_at_the_incumbent_and_ends_at_its_first_miss():
@@ -126,7 +160,7 @@ def test_a_study_scores_its_space_in_virtual_time_and_measures_the_predicted_bes
     # the first pick and the baseline race nothing: they start at the prediction, scaled by how far off the
     # simulator was on the trials measured before them
     from autotune.study.records import TrialRecord
-    from autotune.study.runner import prediction_bias
+    from autotune.study.advisor import prediction_bias
     for t in (trials[0], trials[3]):
         assert Attr.RACE not in t.user_attrs
         bias = prediction_bias([TrialRecord.of(u) for u in trials[:t.number]])
@@ -149,38 +183,32 @@ def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tin
     said = []
     run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
 
-    def broken(points):
-        raise ValueError("unknown dtype 'fp4'")
-
-    run.predictor = broken
+    advise(run, StubAdvisor(fails=ValueError("unknown dtype 'fp4'")))
     study = optuna.create_study(direction="maximize")
-    run.simulate_first(study)
-    assert run.predictor is None and Attr.SIM_PREDICTIONS not in study.user_attrs and study.trials == []
+    run.advice.queue_first(study)
+    assert not run.advice.predicting and Attr.SIM_PREDICTIONS not in study.user_attrs and study.trials == []
     assert said == ["the simulator failed (ValueError: unknown dtype 'fp4'); the study goes on without predictions"]
 
 
 def _learning_run(tmp_path, tiny_model, predict):
-    """A StudyRun whose simulator is ``predict`` (max_num_seqs -> capacity) and whose refit is counted; no engine."""
-    from types import SimpleNamespace
-
+    """A StudyRun whose advisor predicts ``predict`` (max_num_seqs -> capacity) and counts its refits; no engine."""
     from autotune.study.definition import load_study
-    from autotune.study.runner import SIM_QUEUED, StudyRun
+    from autotune.study.runner import StudyRun
     from autotune.workload.source import LoadSteps
 
     path = tmp_path / "s.toml"
     path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
                                  kind="capacity", trials=10))
     d = load_study(path)
-    said, refits = [], []
+    said = []
     run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
-    run.predictor = lambda points: [SimpleNamespace(capacity_rps=predict(p["max_num_seqs"])) for p in points]
-    run.refit = refits.append
+    advisor = advise(run, StubAdvisor(lambda p: predict(p["max_num_seqs"]), learns=True))
     study = optuna.create_study(direction="maximize")
-    study.set_user_attr(SIM_QUEUED, True)
+    study.set_user_attr(Attr.SIM_QUEUED, True)
     study.set_user_attr(Attr.SIM_PREDICTIONS, [
         {"values": {"gpu_memory_utilization": 0.92, "max_num_seqs": n}, "capacity_rps": c}
         for n, c in ((64, 10.0), (32, 8.0), (16, 6.0), (2, 1.0))])
-    return run, study, said, refits
+    return run, study, said, advisor.learned
 
 
 def _measured(study, seqs: int, capacity: float, predicted: float):
@@ -196,7 +224,7 @@ def _measured(study, seqs: int, capacity: float, predicted: float):
 
 
 def test_after_a_trial_the_refitted_simulator_queues_the_config_it_now_predicts_best(tmp_path, tiny_model):
-    """Issue 10, item 2: refit on what was measured, predict again what it ranked best, queue the one above the
+    """Refit on what was measured, predict again what it ranked best, queue the one above the
     best measured capacity; the study measures it next (a waiting trial)."""
     run, study, said, refits = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 12.0, 16: 7.0, 2: 1.0}.get)
     last = _measured(study, 64, 9.0, 10.0)
@@ -211,49 +239,43 @@ def test_after_a_trial_the_refitted_simulator_queues_the_config_it_now_predicts_
 
 
 def test_a_simulator_that_predicts_nothing_better_hands_the_search_to_tpe(tmp_path, tiny_model):
-    from autotune.study.runner import SIM_STOPPED
-
     run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 8.0, 16: 7.0, 2: 1.0}.get)
     run._learn(study, _measured(study, 64, 9.0, 10.0))
     assert study.get_trials(states=(TrialState.WAITING,)) == []
-    assert study.user_attrs[SIM_STOPPED] == "it predicts no config left above the best measured, 9.00 req/s"
+    assert study.user_attrs[Attr.SIM_STOPPED] == "it predicts no config left above the best measured, 9.00 req/s"
     assert said == ["the simulator stops choosing trials: it predicts no config left above the best measured, 9.00 "
                     "req/s; TPE chooses from here on"]
 
 
 def test_a_simulator_that_keeps_missing_hands_the_search_to_tpe(tmp_path, tiny_model):
     """2 of the last 3 predictions off by more than 1.5x: it stops choosing, though it still predicts better."""
-    from autotune.study.runner import SIM_STOPPED
-
     run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 30.0, 32: 30.0, 16: 30.0, 2: 30.0}.get)
     _measured(study, 2, 1.0, 1.1)  # a hit
     _measured(study, 64, 4.0, 10.0)  # 2.5x off
     run._learn(study, _measured(study, 32, 7.0, 8.0))  # a hit: one miss in the last three is not "keeps missing"
-    assert SIM_STOPPED not in study.user_attrs and len(study.get_trials(states=(TrialState.WAITING,))) == 1
+    assert Attr.SIM_STOPPED not in study.user_attrs and len(study.get_trials(states=(TrialState.WAITING,))) == 1
     study.tell(study.ask(), 0.0)  # the waiting pick, told out of the way for this pure test
     run._learn(study, _measured(study, 16, 2.0, 6.0))  # 3x off: two of the last three
-    assert study.user_attrs[SIM_STOPPED].startswith("2 of its last 3 predictions missed by more than 1.5x (trial "), \
+    assert study.user_attrs[Attr.SIM_STOPPED].startswith("2 of its last 3 predictions missed by more than 1.5x (trial "), \
         study.user_attrs
-    assert "measured 2.00 req/s where it predicted 6.00" in study.user_attrs[SIM_STOPPED]
+    assert "measured 2.00 req/s where it predicted 6.00" in study.user_attrs[Attr.SIM_STOPPED]
     assert said[-1].endswith("TPE chooses from here on")
 
 
 def test_a_refit_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tiny_model):
     run, study, said, _ = _learning_run(tmp_path, tiny_model, {64: 9.5, 32: 12.0, 16: 7.0, 2: 1.0}.get)
 
-    def broken(study):
-        raise RuntimeError("cmaes diverged")
-
-    run.refit = broken
+    run.advice.advisor.learn_fails = RuntimeError("cmaes diverged")
     run._learn(study, _measured(study, 64, 9.0, 10.0))
-    assert run.refit is None and run.predictor is not None and study.get_trials(states=(TrialState.WAITING,)) == []
+    assert not run.advice.learning and run.advice.predicting
+    assert study.get_trials(states=(TrialState.WAITING,)) == []
     assert said == ["the simulator's refit failed (RuntimeError: cmaes diverged); it predicts with its last fit"]
 
 
-# -- use what is known: gpu_memory_utilization is the highest that starts (issue 10, item 4) ------------------------
+# -- use what is known: gpu_memory_utilization is the highest that starts --------------------------------------------
 
 def test_the_utilization_ladder_runs_from_the_highest_value_down():
-    from autotune.study.runner import utilization_ladder
+    from autotune.study.advice import utilization_ladder
     from autotune.study.space import Param
 
     assert utilization_ladder(Param("gpu_memory_utilization", "float", 0.9, low=0.85, high=0.95, step=0.05)) == [
@@ -287,7 +309,7 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
         asked.append(values["gpu_memory_utilization"])
         return None if values["max_num_seqs"] < 64 else "ValueError: No available memory for the cache blocks."
 
-    run.startup = startup
+    advise(run, StubAdvisor(startup=startup))
     ran = []
 
     def oom(command, args, *a, **kw):
@@ -304,7 +326,7 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
     assert ran == [0.92] and asked == [0.92]  # the highest that starts, not the sampled 0.85
     assert first.params["gpu_memory_utilization"] == 0.85
     assert first.user_attrs[Attr.UTILIZATION] == {"sampled": 0.85, "runs": 0.92, "ceiling": None}
-    assert study.user_attrs[runner.UTILIZATION_CEILING] == 0.85
+    assert study.user_attrs[Attr.UTILIZATION_CEILING] == 0.85
     assert said == ["trial 0 ran out of memory at gpu_memory_utilization 0.92, which the start-up model said starts: "
                     "later trials stay at 0.85 or below"]
 
@@ -349,32 +371,32 @@ def _prediction(capacity):
 
 
 def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity(tmp_path, tiny_model):
-    """Pure (no engine): the simulator predicts max_num_seqs -> capacity; the three best picks and the two
-    baselines are queued best first, a baseline ahead of a pick it ties with, one predicted not to start last."""
+    """Pure (no engine): the advisor predicts max_num_seqs -> capacity (everything starts, so every candidate runs
+    at utilization 0.92); the three best picks and the two baselines are queued best first, a baseline ahead of a
+    pick it ties with, one predicted not to start last."""
+    from autotune.study.advice import ties
     from autotune.study.baselines import BaselinePoint
-    from autotune.study.runner import SIM_QUEUED, _ties
 
     said = []
     run, _ = _study_run(tmp_path, tiny_model, trials=10, notice=said.append)
-    capacity = {2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}  # the space's grid: 2, 6, 20, 64 (log) x 0.85, 0.92
-    run.predictor = lambda points: [_prediction(None if p["max_num_seqs"] == 3 else
-                                                capacity.get(p["max_num_seqs"], 0.5)) for p in points]
-    strong = BaselinePoint("strong", {"gpu_memory_utilization": 0.85, "max_num_seqs": 20})
+    capacity = {2: 1.0, 6: 6.0, 20: 9.0, 64: 9.0}  # the space's grid: 2, 6, 20, 64 (log) x 0.85, 0.92
+    advise(run, StubAdvisor(lambda p: None if p["max_num_seqs"] == 3 else capacity.get(p["max_num_seqs"], 0.5)))
+    strong = BaselinePoint("strong", {"gpu_memory_utilization": 0.85, "max_num_seqs": 6})
     broken = BaselinePoint("broken", {"gpu_memory_utilization": 0.85, "max_num_seqs": 3})
     study = optuna.create_study(direction="maximize")
-    assert run.simulate_first(study, [broken, strong]) == {"broken", "strong"}
+    assert run.advice.queue_first(study, [broken, strong]) == {"broken", "strong"}
     waiting = study.get_trials(states=(TrialState.WAITING,))
     order = [(t.user_attrs.get(Attr.BASELINE), t.system_attrs["fixed_params"]["max_num_seqs"],
               t.user_attrs[Attr.PREDICTED_CAPACITY_RPS]) for t in waiting]
-    assert [seqs for _, seqs, _ in order[:2]] == [64, 64]  # both utilizations of the predicted best
-    assert order[2] == ("strong", 20, 6.0)  # the baseline first among the ties at 6.0 ...
-    assert order[3] == (None, 20, 6.0)  # ... then the pick it ties with (the other utilization)
+    assert sorted(seqs for _, seqs, _ in order[:2]) == [20, 64]  # the two predicted best
+    assert order[2] == ("strong", 6, 6.0)  # the baseline first among the ties at 6.0 ...
+    assert order[3] == (None, 6, 6.0)  # ... then the pick it ties with (at the highest utilization that starts)
     assert order[4] == ("broken", 3, None)  # predicted not to start: last
-    assert len(order) == 5 and study.user_attrs[SIM_QUEUED] is True
+    assert len(order) == 5 and study.user_attrs[Attr.SIM_QUEUED] is True
     # the console says the simulator cannot rank the two configs it predicts at the best
     assert any("best predicted 9.00 req/s, 2 configs tied there" in line for line in said), said
-    assert _ties([(9.0, {}), (8.9, {})]) == ""  # a best of its own: nothing to say
-    assert run.simulate_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
+    assert ties([(9.0, {}), (8.9, {})]) == ""  # a best of its own: nothing to say
+    assert run.advice.queue_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
 
 
 def test_a_builtin_baseline_that_runs_another_baselines_config_is_measured_once(tmp_path, tiny_model):
@@ -400,13 +422,13 @@ def test_candidates_that_run_as_one_config_are_predicted_and_queued_once(tmp_pat
     run, _ = _study_run(tmp_path, tiny_model, trials=10)
     asked = []
 
-    def predictor(points):
-        asked.extend(points)
-        return [_prediction({2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}[p["max_num_seqs"]]) for p in points]
+    def capacity(p):
+        asked.append(p)
+        return {2: 1.0, 6: 3.0, 20: 6.0, 64: 9.0}[p["max_num_seqs"]]
 
-    run.predictor, run.startup = predictor, lambda values: None  # everything starts: 0.92 is the highest
+    advise(run, StubAdvisor(capacity))  # everything starts: 0.92 is the highest
     study = optuna.create_study(direction="maximize")
-    run.simulate_first(study)
+    run.advice.queue_first(study)
     assert len(asked) == 4 and {p["gpu_memory_utilization"] for p in asked} == {0.92}
     waiting = [t.system_attrs["fixed_params"] for t in study.get_trials(states=(TrialState.WAITING,))]
     assert waiting == [{"gpu_memory_utilization": 0.92, "max_num_seqs": n} for n in (64, 20, 6)]
@@ -423,7 +445,7 @@ def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_
     from autotune.study.lines import trial_line
 
     run, _ = _study_run(tmp_path, tiny_model, trials=6)
-    run.startup = lambda values: None
+    advise(run, StubAdvisor())  # everything starts
     ran = []
 
     def crash(command, args, *a, **kw):  # (not an oom: that would lower the utilization ceiling)
@@ -464,7 +486,7 @@ def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_
 
 
 def test_a_ladder_starts_at_the_prediction_scaled_by_how_far_off_the_simulator_has_been_here():
-    from autotune.study.runner import prediction_bias
+    from autotune.study.advisor import prediction_bias
     from autotune.study.records import TrialRecord
 
     def record(number, capacity, predicted, state=TrialState.COMPLETE, **more):

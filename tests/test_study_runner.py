@@ -10,7 +10,8 @@ from autotune.errors import ConfigError
 from autotune.study.definition import load_study
 from autotune.engine.kind import get_kind
 from autotune.study.records import Candidate, TrialRecord, constraints_of, judge
-from autotune.study.runner import StudyRun, open_study
+from autotune.study.runner import StudyRun
+from autotune.study.storage import open_study
 from autotune.workload.source import LoadSteps
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -165,5 +166,7 @@ def test_a_lost_step_is_cut_only_where_pass_or_fail_is_all_the_study_reads(tmp_p
     d = load_study(p)
     run = StudyRun(d, bundled_table("0.32"), LoadSteps(d.workload))
     assert run._cut_lost_steps is cut
-    run.refit = lambda study: None  # the simulator refits to every measured step: none may be cut
+    from tests.test_study_race import StubAdvisor, advise
+
+    advise(run, StubAdvisor(learns=True))  # an advisor that refits on every measured step: none may be cut
     assert run._cut_lost_steps is False

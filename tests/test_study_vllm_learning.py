@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from autotune.sim import calibrate as cal
 from autotune.study.records import Attr, TrialRecord
-from autotune.study.runner import prediction_bias
+from autotune.study.advisor import prediction_bias
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.alone, pytest.mark.timeout(1800)]

@@ -198,7 +198,7 @@ def _file_free_study(a: argparse.Namespace) -> Path:
     return path
 
 
-def _definition(a: argparse.Namespace):
+def load_definition(a: argparse.Namespace):
     from autotune.engine import gpu
     from autotune.study.definition import load_study
 
@@ -213,12 +213,12 @@ def _definition(a: argparse.Namespace):
 
 
 def cmd_study(a: argparse.Namespace) -> int:
-    from autotune.cli.calibrate import recalibrate, refitter, simulator_for
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
     from autotune.study.outputs import NOT_RECOMMENDED, comparison, write_verdict
     from autotune.study.records import StudyResult, TrialRecord
-    from autotune.study.runner import StudyRun, open_study
+    from autotune.study.runner import StudyRun, study_advisor
+    from autotune.study.storage import open_study
     from autotune.workload.source import LoadSteps
 
     if a.file is None:
@@ -226,7 +226,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         a.slo, a.trials, a.study_name = [], None, None  # the file holds them now
     elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd or a.download:
         raise ConfigError(f"give a study file or --model and its flags, not both: edit {a.file} instead")
-    d = _definition(a)
+    d = load_definition(a)
     table = d.command.flag_table()
     if a.dry_run is not None:
         from autotune.study.dryrun import dry_run
@@ -243,7 +243,7 @@ def cmd_study(a: argparse.Namespace) -> int:
             )
         for line in lines:
             print(json.dumps(line))
-        if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
+        if d.objective.simulate_first and d.command.engine_kind.advisor is not None:
             print(
                 "autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
                 "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
@@ -258,27 +258,18 @@ def cmd_study(a: argparse.Namespace) -> int:
         d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda", json_lines=a.json_lines
     ) as view:
         study = open_study(d)
-        run = StudyRun(d, table, steps)
-        run.show, run.notice = view.show, view.notice
+        advisor, _ = study_advisor(d, steps)
+        run = StudyRun(d, table, steps, show=view.show, notice=view.notice, advisor=advisor)
         view.notice(d.model_files().found)
-        if d.objective.simulate_first and d.command.engine_kind.name in ("vllm", "vllm-sim"):
-            run.predictor, what = simulator_for(d, run.devices, run.shape, steps)
-            if run.predictor is not None:
-                run.startup = run.predictor.startup_failure
-                view.notice(f"simulating first with {what}")
-                if d.command.engine_kind.name == "vllm":  # real trials: the simulator learns from each
-                    run.refit = refitter(d, run, steps, view.notice)
+        if advisor.predicts:
+            view.notice(f"simulating first with {advisor.describe}")
         run.callbacks = [lambda study, trial: view.trial_done(TrialRecord.of(trial), StudyResult.of(study))]
         try:
             run.optimize(study)
             # a rerun of a finished study keeps its verdict (StudyResult reads it while it is fresh)
             if StudyResult.of(study).remeasurement is None and not a.no_remeasure and run.scoring.remeasured:
                 run.remeasure(study)
-            if run.refit is not None:
-                # real trials on hardware the simulator models: the best calibration data this host will have
-                fitted = recalibrate(d, study, evaluations=100, steps=steps)
-                if fitted is not None:
-                    view.notice(f"vllm-sim refitted to this host at the end of the study: {fitted.describe()}")
+            run.advice.finish(study)  # what the advisor learns from the whole study, for the next one here
         except Interrupted as e:
             n = run.interrupted_trial(study)
             during = f" during trial {n} (recorded as failed)" if n is not None else ""
@@ -340,7 +331,7 @@ def _result_event(result, winner, paths: dict[str, Path]) -> dict:
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
-    d = _definition(a)
+    d = load_definition(a)
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     if not Path(exe).exists() and not shutil.which(exe):
         raise ConfigError(
@@ -357,7 +348,7 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
         raise ConfigError(f"cannot run {exe}: {e.strerror}") from e
 
 
-def _require_study(d, file: Path) -> None:
+def require_study(d, file: Path) -> None:
     """A report reads a study a run made: no such study is an error naming what there is, and leaves no
     empty database behind (opening a sqlite URL creates its file)."""
     import optuna
@@ -377,8 +368,8 @@ def _require_study(d, file: Path) -> None:
 def cmd_report(a: argparse.Namespace) -> int:
     from autotune.study.report import write_report
 
-    d = _definition(a)
-    _require_study(d, a.file)
+    d = load_definition(a)
+    require_study(d, a.file)
     out = write_report(d, a.out or d.run_dir / "report.html")
     print(f"report: {out}")
     return EXIT_OK

@@ -72,6 +72,12 @@ class EngineKind:
     metrics: Mapping[str, MetricSpec] = {}
     # name -> values; "<kind>-defaults" ({}: every searched knob at its default) is the usual first
     baselines: Mapping[str, Mapping[str, Any]] = {}
+    # the arg that sets the fraction of device memory the engine may take: sampled trials run at the highest of
+    # the space that the advisor says starts (study/advice.py); None where the engine has no such arg
+    memory_fraction: str | None = None
+    # "module:function" building a study's advisor for this engine (study/advisor.py), imported on first use as a
+    # kind is; None: no advisor, and every trial runs as the sampler chose it
+    advisor: str | None = None
 
     def matches(self, command: Sequence[str]) -> bool:
         """Is ``command`` (an argv prefix) this kind's engine? Used to pick a kind from a command line."""

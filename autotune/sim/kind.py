@@ -24,6 +24,7 @@ SIMULATED_VLLM = "0.33"
 class VllmSimKind(VllmKind):
     name = "vllm-sim"
     default_command = ("vllm-sim", "serve")
+    advisor = "autotune.sim.advisor:simulator_only"  # a simulator measured by itself: nothing to learn
 
     def matches(self, command: Sequence[str]) -> bool:
         return bool(command) and (os.path.basename(command[0]) == "vllm-sim" or "autotune.sim.cli" in command[:3])

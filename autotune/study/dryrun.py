@@ -11,7 +11,8 @@ from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.records import Attr
-from autotune.study.runner import build_space, devices_of, make_sampler
+from autotune.study.runner import build_space, devices_of
+from autotune.study.storage import make_sampler
 
 __all__ = ["dry_run"]
 

@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.args import EngineArgs
+from autotune.study.baselines import BaselinePoint
 
 __all__ = [
     "Attr",
@@ -38,7 +39,7 @@ NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to mea
 
 
 class Attr:
-    """The user-attr keys of a trial (and the study's verdict key)."""
+    """The user-attr keys of a trial, and of a study (those marked "study attr")."""
 
     ARGV = "argv"  # the exact command line that ran
     ENV = "env"  # the engine's environment (names and values)
@@ -70,6 +71,15 @@ class Attr:
     SAME_CONFIG_AS = "same_config_as"  # a sampled trial whose engine args an earlier trial measured: not run again
     REMEASURE = "remeasure"  # study attr: the Remeasurement's JSON
     SIM_PREDICTIONS = "sim_predictions"  # study attr: each point the simulator scored, and what it predicted
+    SIM_PICKS = "sim_picks"  # study attr: the predicted best, queued first
+    SIM_QUEUED = "sim_picks_queued"  # study attr: the picks are queued (an older study kept them for later)
+    SIM_STOPPED = "sim_stopped"  # study attr: why the advisor stopped choosing trials (the sampler chooses)
+    UTILIZATION_CEILING = "utilization_ceiling"  # study attr: below a memory fraction that failed to start for real
+
+
+def baseline_attrs(b: BaselinePoint) -> dict[str, Any]:
+    """A baseline trial's user attrs, set when it is queued."""
+    return {Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args, Attr.BASELINE_NOTES: list(b.notes)}
 
 
 def held_every_load(steps: list[dict[str, Any]]) -> bool:
@@ -333,7 +343,7 @@ class StudyResult:
         raw = study.user_attrs.get(Attr.REMEASURE)
         verdict = Remeasurement.from_json(raw) if raw and raw.get("trials_seen") == len(trials) else None
         pareto = len(study.directions) > 1
-        best, front = None, ()
+        best, front = None, tuple[int, ...]()
         if pareto:
             front = tuple(t.number for t in study.best_trials)
         else:

@@ -25,6 +25,8 @@ class VllmKind(EngineKind):
     staging_only = config.STAGING_ONLY
     metrics = metrics.METRICS
     baselines = defaults.BASELINES
+    memory_fraction = "gpu_memory_utilization"
+    advisor = "autotune.sim.advisor:learning_simulator"  # vllm-sim, refitted to this host as trials measure
 
     def matches(self, command: Sequence[str]) -> bool:
         return True  # the default: any command line that is no other kind's is taken to be `vllm serve`
