@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,10 @@ class Table:
 
     def keys(self) -> list[str]:
         return list(self.data)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys as written, as ``keys()`` lists them (reading values meanwhile is fine)."""
+        return iter(self.keys())
 
     def wrong(self, key: str, expected: str) -> ConfigError:
         """The error for a value of ``key`` that is not ``expected`` ("an integer >= 1")."""

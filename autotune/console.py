@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 from rich.console import Console
@@ -14,6 +16,9 @@ from autotune.measure.session import Outcome
 from autotune.measure.tables import outcome_tables
 from autotune.study.lines import capacity_text, elapsed_text, gain_text, same_trial, trial_line
 from autotune.study.records import Remeasurement, StudyResult, TrialRecord, held_every_load
+
+if TYPE_CHECKING:
+    from autotune.publish.history import Entry
 
 out = Console()
 err = Console(stderr=True)
@@ -130,10 +135,12 @@ class StudyView:
             self._refresh()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._live is not None:
-            self._live.__exit__(*exc)
-        self._logging.__exit__(*exc)
+            self._live.__exit__(exc_type, exc, tb)
+        self._logging.__exit__(exc_type, exc, tb)
 
     def show(self, line: str) -> None:
         """A phase of the running trial (engine starting, a load step): the footer, and the study's log."""
@@ -166,6 +173,8 @@ class StudyView:
 
     def _refresh(self) -> None:
         from rich.text import Text
+
+        assert self._live is not None  # called only with a live footer
 
         of = f" ({self.budget} trials)" if self.budget else ""
         footer = Text.assemble(
@@ -215,7 +224,8 @@ class _StudyLog:
         if self._handler is not None:
             for name in ("optuna", "autotune"):
                 logging.getLogger(name).removeHandler(self._handler)
-            logging.getLogger("autotune").removeHandler(self._console)
+            if self._console is not None:  # set with the handler
+                logging.getLogger("autotune").removeHandler(self._console)
             self._handler.close()
         optuna.logging.enable_default_handler()
 
@@ -295,7 +305,7 @@ def print_history(entries) -> None:
     measured it (a proposal from before the daemon recorded that: the last good entry's) and its gain."""
     import time
 
-    good_before: dict[int, object] = {}
+    good_before: dict[int, Entry | None] = {}
     last = None
     for e in entries:
         good_before[e.number] = last

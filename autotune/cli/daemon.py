@@ -1,4 +1,5 @@
-"""The daemon's commands: ``autotune daemon`` and what an operator runs beside it (status, retune, publish, rollback)."""
+"""The daemon's commands: ``autotune daemon`` and what an operator runs beside it (status, retune, publish,
+rollback)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class ArrivalLog:
             self._consume()
 
     def _open(self, *, from_end: bool) -> None:
-        f = open(self.path, "rb")  # noqa: SIM115  # kept open on purpose: a rotation must not lose its last lines
+        f = open(self.path, "rb")  # noqa: SIM115 - kept open on purpose: a rotation must not lose its last lines
         if from_end:  # what was logged before the daemon started is not this window's traffic
             f.seek(0, os.SEEK_END)
         self._file, self._inode, self._partial = f, os.fstat(f.fileno()).st_ino, b""

@@ -158,7 +158,7 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     if not re.match(r"https?://[^/]", url):
         raise prod.wrong("url", "production's base URL, e.g. http://127.0.0.1:8000")
     kind = prod.string("kind", "vllm-config")
-    settings = {k: prod.value(k) for k in prod.keys() if k not in ("url", "kind")}
+    settings = {k: prod.value(k) for k in prod if k not in ("url", "kind")}
     check_settings(kind, settings, prod.where)  # each target kind checks its own keys
     production = Production(url=url.rstrip("/"), kind=kind, settings=settings)
 

@@ -79,7 +79,7 @@ class Fingerprint:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown fingerprint field(s): {', '.join(sorted(unknown))}")
-        return cls(**d)  # type: ignore[arg-type]
+        return cls(**d)
 
 
 # Each feature, and the floor that keeps its log ratio finite: below the floor, values count as equal

@@ -61,7 +61,7 @@ from autotune.daemon.tuning import (
     write_tuning_study,
 )
 from autotune.daemon.watcher import Watcher
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.publish.transaction import Canary, PublishLock, adopt, publish, recover, rollback, same_config, tidy
@@ -113,11 +113,6 @@ class Daemon:
             arrivals=ArrivalLog(cfg.arrivals_log) if cfg.arrivals_log else None,
         )
         self.study = load_staging(cfg.staging_study, self.root)  # the template: checked now, not at the first drift
-        if self.study.workload.tokenizer is None:
-            raise ConfigError(
-                f"{cfg.staging_study}: the daemon builds prompts like production's with the model's "
-                "tokenizer: set [workload].tokenizer (or engine.args.tokenizer) to a local directory"
-            )
         self.autotune = autotune_argv or [sys.executable, "-m", "autotune"]
         self.state = self.store.load()
         self.fingerprint: Fingerprint | None = None
@@ -272,12 +267,13 @@ class Daemon:
         """A publish or rollback ended (the daemon's, or `autotune publish`/`rollback` in another process):
         production restarted and served the canary, whose requests /metrics counts as production's. No
         window may span them: the watcher starts a new one at its next scrape, and the fingerprint of
-        the old one is forgotten, so the next trigger judges users' traffic only (issue 15, item 3)."""
+        the old one is forgotten, so the next trigger judges users' traffic only."""
         if entries is None:  # unreadable this tick: nothing known to have changed
             return
         settled = self._last_settled(entries)
         if settled == self._settled:
             return
+        assert settled is not None  # a history only grows: once one was settled, the newest settled one exists
         self._settled = settled
         self.watcher.restart_window()
         self.fingerprint = None
@@ -312,7 +308,9 @@ class Daemon:
         self.fingerprint = fp
         if self.state.tuned_fingerprint is None:  # the traffic production's config is judged against from now on
             self._note("first full window: traffic fingerprint recorded", tuned_fingerprint=fp.to_json())
-        score = drift(Fingerprint.from_json(self.state.tuned_fingerprint), fp)
+        tuned = self.state.tuned_fingerprint
+        assert tuned is not None  # recorded just above when it was not yet
+        score = drift(Fingerprint.from_json(tuned), fp)
         self.metrics.drift.set(score)
         # only latency SLOs judge production: its throughput is what users sent, not what it can do
         known = [e.holds for e in compliance if e.holds is not None and e.slo.is_latency]
@@ -460,6 +458,7 @@ class Daemon:
 
     def _spawn(self) -> None:
         st = self.state
+        assert st.study_file is not None  # a tuning's state names its study file (_start_tuning)
         self._child = TuningChild(self.autotune, Path(st.study_file), self.root / "tunings" / f"{st.study_name}.log")
 
     def _tuning(self) -> None:
@@ -467,8 +466,8 @@ class Daemon:
             if not self._job.done():
                 return
             self._rollback_done()
-        elif self.store.rollback_request() is not None:
-            self._pause_for_rollback(self.store.rollback_request())
+        elif (to := self.store.rollback_request()) is not None:
+            self._pause_for_rollback(to)
             return
         if self._child is None:
             # the daemon restarted mid-tuning (or a pause ended): the study resumes from its storage
@@ -490,9 +489,11 @@ class Daemon:
             self.metrics.set_trials({**finished.counts(), "running": 0, "waiting": 0})
             self._tell_trials(finished)
             return
+        name = self.state.study_name
+        assert name is not None  # a tuning's state names its study (_start_tuning)
         try:
-            result = StudyResult.load(self.study.storage, self.state.study_name)
-        except Exception:  # not created yet
+            result = StudyResult.load(self.study.storage, name)
+        except Exception:  # noqa: BLE001 - not created yet: what says so depends on the storage backend
             return
         self.metrics.set_trials(result.counts())
         self._tell_trials(result)
@@ -512,13 +513,13 @@ class Daemon:
 
     def _finish_tuning(self, rc: int) -> None:
         st = self.state
+        assert st.study_name is not None  # a tuning's state names its study (_start_tuning)
         result = self._tuning_result(st.study_name)
         if result is not None:
             self._update_trials(result)
         else:
             self.metrics.set_trials({})
-        measured = result is not None and any(r.state == TrialState.COMPLETE for r in result.records)
-        if rc not in (0, 1) or not measured:
+        if rc not in (0, 1) or result is None or not any(r.state == TrialState.COMPLETE for r in result.records):
             self._no_verdict(rc, result)
             return
         now = time.time()
@@ -578,10 +579,10 @@ class Daemon:
         self._decide(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
         self._job = self._pool.submit(self._publish, values, source)
 
-    def _tuning_result(self, name: str | None) -> StudyResult | None:
+    def _tuning_result(self, name: str) -> StudyResult | None:
         try:
             return StudyResult.load(self.study.storage, name)
-        except Exception:  # the study never started
+        except Exception:  # noqa: BLE001 - the study never started: what says so depends on the storage backend
             return None
 
     def _cooldown_text(self) -> str:
@@ -631,6 +632,7 @@ class Daemon:
 
     def _rollback_done(self) -> None:
         job, self._job = self._job, None
+        assert job is not None  # called once the rollback's job is done (_tuning)
         try:
             entry = job.result()
             done = (
@@ -677,7 +679,9 @@ class Daemon:
         fp = self.fingerprint or (
             Fingerprint.from_json(self.state.tuned_fingerprint) if self.state.tuned_fingerprint else None
         )
-        return production_canary(self.cfg, self.target, fp, self.study.workload.tokenizer)
+        tokenizer = self.study.workload.tokenizer
+        assert tokenizer is not None  # the staging study names one: checked when the daemon starts
+        return production_canary(self.cfg, self.target, fp, tokenizer)
 
     def _publish(self, values: dict[str, Any], source: dict[str, Any], entry: Entry | None = None) -> Any:
         what = f"entry {entry.number}" if entry is not None else f"trial {source.get('trial')} of {source.get('study')}"
@@ -704,6 +708,7 @@ class Daemon:
 
     def _publish_done(self) -> None:
         job, self._job = self._job, None
+        assert job is not None  # called once the publish's job is done (tick)
         try:
             result = job.result()
         except AutotuneError as e:  # the rollback failed too: say so everywhere, keep watching
@@ -744,6 +749,7 @@ class Daemon:
                         note=f"PRODUCTION NEEDS A PERSON: could not recover the publish a restart cut short: {e}",
                     )
                 else:
+                    assert result is not None  # an entry was open, and the lock keeps it so
                     self._recovered(result.entry)
         self._history_metrics()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -111,7 +112,7 @@ def production_verifier(slos: list[SLO], window_s: float, min_requests: int = 5)
             raise PublishError(f"cannot read {url}/metrics after the switch: {type(e).__name__}: {e}") from e
         w = Window.between(first, last)
         judged = [e for e in w.slo_compliance(slos) if e.slo.is_latency]
-        summary = {
+        summary: dict[str, Any] = {
             "requests": w.requests,
             "window_s": round(w.dt, 1),
             "slos": [{"slo": str(e.slo), "measured": e.value, "holds": e.holds} for e in judged],

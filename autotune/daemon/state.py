@@ -239,7 +239,7 @@ def decide(
 
 def duration_text(seconds: float) -> str:
     """A wait in words a person reads: "40 s", "12 min", "5 h 30 min" (never "0 min")."""
-    s = max(int(round(seconds)), 0)
+    s = max(round(seconds), 0)
     if s < 90:
         return f"{s} s"
     if s < 5400:

@@ -11,6 +11,7 @@ its staging engine and leaves the study resumable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.daemon.fingerprint import Fingerprint, workload_from
+from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition, derive_study, load_study
 from autotune.study.records import Attr, StudyResult, TrialRecord
@@ -54,8 +56,15 @@ def load_staging(path: Path, root: Path) -> StudyDefinition:
     """The staging study as the daemon's tunings run it. A file that names no ``runs_dir`` keeps its tunings'
     runs (engine logs, best configs, reports) under the daemon's state directory, ``root``/tunings/runs, and
     its Optuna storage there too when it names none: never a ``runs/`` in the daemon's working directory
-    (``/`` under systemd, where nothing may be written)."""
-    return load_study(path, default_runs_dir=root / "tunings" / "runs")
+    (``/`` under systemd, where nothing may be written). Its workload must name a tokenizer: the daemon builds
+    prompts like production's with it (checked when the daemon starts and when it reloads, not at a drift)."""
+    study = load_study(path, default_runs_dir=root / "tunings" / "runs")
+    if study.workload.tokenizer is None:
+        raise ConfigError(
+            f"{path}: the daemon builds prompts like production's with the model's "
+            "tokenizer: set [workload].tokenizer (or engine.args.tokenizer) to a local directory"
+        )
+    return study
 
 
 def write_tuning_study(
@@ -74,7 +83,8 @@ def write_tuning_study(
 ) -> Path:
     """The staging study with production's traffic (``trace``, or synthesized from ``fingerprint``) and
     production's config and earlier winners (studies named ``prefix``*) as baselines."""
-    mml = staging.fixed.values.get("max_model_len")
+    kind = staging.command.engine_kind
+    mml = staging.fixed.values.get(kind.context_length) if kind.context_length else None
     workload = workload_from(
         fingerprint, requests=TUNING_REQUESTS, seed=seed, max_model_len=int(mml) if mml else None, name=name
     )
@@ -82,6 +92,7 @@ def write_tuning_study(
     requests = None  # a trace the operator configured: the staging study's own cap
     if trace is None:
         trace = path.with_suffix(".jsonl")
+        assert staging.workload.tokenizer is not None  # the daemon's staging study names one: checked when it starts
         builder = PromptBuilder(load_tokenizer(staging.workload.tokenizer))
         write_trace(materialize(workload, builder, seed=0), trace)
         # every synthesized request: a load step past the first 200 would replay identical prompts, which the
@@ -147,7 +158,7 @@ def warm_starts(staging: StudyDefinition, prefix: str, production: dict[str, Any
     found: list[tuple[float, dict[str, Any]]] = []
     try:
         summaries = optuna.get_all_study_summaries(staging.storage)
-    except Exception:  # no storage yet: nothing learned
+    except Exception:  # noqa: BLE001 - no storage yet (what says so depends on the backend): nothing learned
         return []
     for s in summaries:
         if s.study_name.startswith(prefix):
@@ -161,7 +172,7 @@ def warm_starts(staging: StudyDefinition, prefix: str, production: dict[str, Any
             break
         try:
             key = _norm(space.complete(values))
-        except Exception:  # a value the space no longer takes (the space changed): as it is
+        except Exception:  # noqa: BLE001 - the space changed and no longer takes a value, however it fails: as it is
             key = _norm(values)
         if key not in seen:
             seen.add(key)
@@ -321,7 +332,5 @@ class TuningChild:
             os.killpg(self.proc.pid, signal.SIGINT)
             self.proc.wait(timeout=grace)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

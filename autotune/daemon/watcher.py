@@ -96,7 +96,9 @@ class Watcher:
         """The part of the latest window since the arrival rate last changed level (``level_change``: each side
         ``min_span_s`` long at least); None when one level explains the whole window."""
         snaps = self._span()
-        k = None if snaps is None else level_change(snaps, min_span_s)
+        if snaps is None:
+            return None
+        k = level_change(snaps, min_span_s)
         return None if k is None else Window.between(snaps[k], snaps[-1], snaps[k + 1 : -1])
 
     def _span(self) -> list[Snapshot] | None:

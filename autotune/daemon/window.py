@@ -9,6 +9,7 @@ estimates (``SLOEstimate``). Pure: no I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -240,8 +241,8 @@ class Window:
             notes = []
             if bucket is not None and not holds and slo.holds(bucket[0]):
                 # the percentile is somewhere in its bucket: interpolation put it over the target, but the true
-                # value may lie under it (a p95 TPOT read as 48.75 ms in a 25-50 ms bucket, measured 33 ms by
-                # the clients). A breach is called only when the whole bucket misses: no false alarm.
+                # value may lie under it (a p95 TPOT read as 48.75 ms in a 25-50 ms bucket can be 33 ms as the
+                # clients measure it). A breach is called only when the whole bucket misses: no false alarm.
                 holds = True
                 notes.append(
                     f"p{slo.percentile:g} lies in {bucket[0] * 1000:g}-{bucket[1] * 1000:g} ms, across "
@@ -285,7 +286,7 @@ def level_change(snapshots: Sequence[Snapshot], min_span_s: float) -> int | None
     spanning ``min_span_s`` at least; it counts only when its log-likelihood ratio over a single rate reaches
     LEVEL_EVIDENCE and the two rates differ by LEVEL_RATIO. A window's mean after a jump is a blend of the two
     levels (after a jump to 10x, half a window reads 5.5x); what follows the change is the traffic now."""
-    cuts = [Window.between(a, b) for a, b in zip(snapshots, snapshots[1:])]
+    cuts = [Window.between(a, b) for a, b in itertools.pairwise(snapshots)]
     if len(cuts) < 2 or any(c.reset for c in cuts):
         return None
     counts = [float(c.arrivals) for c in cuts]

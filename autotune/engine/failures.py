@@ -79,11 +79,11 @@ class LogWatch:
                     proof = line.strip()  # the specific line beats its header
                 self.found = (cls, proof, excerpt + "\n" + line)
             return None
-        cls = self._classify(line)
-        if cls is not None:
+        proved = self._classify(line)
+        if proved is not None:
             before = list(self.recent)[-(EXCERPT_BEFORE + 1) :]
-            self.found = (cls, line.strip(), "\n".join(before))
-            return cls, line
+            self.found = (proved, line.strip(), "\n".join(before))
+            return proved, line
         return None
 
     def _classify(self, line: str) -> FailureClass | None:

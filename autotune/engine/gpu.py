@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ def _init() -> bool:
     try:
         pynvml.nvmlInit()
         return True
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPU here
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...: whatever fails, no GPU here
         return False
 
 
@@ -51,10 +52,9 @@ def pids_on_gpu() -> set[int] | None:
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
-            try:
+            # a query the driver or device does not support raises (NVMLError_NotSupported, ...): no pids from it
+            with contextlib.suppress(Exception):
                 pids.update(p.pid for p in getter(h))
-            except Exception:
-                pass
     return pids
 
 

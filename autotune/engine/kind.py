@@ -75,6 +75,8 @@ class EngineKind:
     # the arg that sets the fraction of device memory the engine may take: sampled trials run at the highest of
     # the space that the advisor says starts (study/advice.py); None where the engine has no such arg
     memory_fraction: str | None = None
+    # the arg that caps a request's tokens, prompt and answer (synthesized workloads fit it); None: no such arg
+    context_length: str | None = None
     # "module:function" building a study's advisor for this engine (study/advisor.py), imported on first use as a
     # kind is; None: no advisor, and every trial runs as the sampler chose it
     advisor: str | None = None
@@ -108,6 +110,10 @@ class EngineKind:
 
     def apply_rules(self, flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
         return flags
+
+    def gpus_per_engine(self, values: Mapping[str, Any]) -> int:
+        """The GPUs one engine started with these args holds: a study's GPU time counts each."""
+        return 1
 
     def unsupported(self, key: str, value: Any, platform: str) -> str | None:
         """Why ``key = value`` cannot run on ``platform`` (None: it can)."""

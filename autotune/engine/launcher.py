@@ -9,8 +9,8 @@ Lifecycle (illegal transitions raise):
                     +--> FAILED -------+   (a failed engine is still stopped: no leftovers)
 
 Readiness is ``GET /health`` == 200. Failure is known as soon as a log line proves it
-(the spec's ``failure_patterns``, from the engine kind) or the process exits: the launcher never waits out its timeout when
-the engine already said why.
+(the spec's ``failure_patterns``, from the engine kind) or the process exits: the launcher never waits out
+its timeout when the engine already said why.
 
 Signals: a command that owns an engine calls ``stop_on_signals()``. SIGTERM (systemd, ``timeout``,
 a container runtime, CI) and SIGHUP (a closed terminal) then do what Ctrl-C does: the handler
@@ -41,8 +41,8 @@ from typing import IO
 import httpx
 import psutil
 
-from autotune.engine import gpu
 from autotune.engine.failures import COMMON_PATTERNS, Failure, FailureClass, LogWatch, Patterns, classify_exit
+from autotune.engine.gpu import wait_released
 from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
 from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
@@ -158,18 +158,18 @@ def _on_signal(signum: int, _frame: object) -> None:
             task.cancel()
         loop.call_soon_threadsafe(lambda: None)  # wake the loop up
         return
-    _raise_received()
+    _raise_received(signum)
 
 
 def raise_if_interrupted() -> None:
     """Raise the Interrupted a stop signal left pending (an event loop was running when it came)."""
     if _Signals.received is not None and not _Signals.raised:
-        _raise_received()
+        _raise_received(_Signals.received)
 
 
-def _raise_received() -> None:
+def _raise_received(signum: int) -> None:
     _Signals.raised = True
-    raise Interrupted(_Signals.received)
+    raise Interrupted(signum)
 
 
 @contextlib.contextmanager
@@ -184,7 +184,7 @@ def _uninterrupted() -> Iterator[None]:
     finally:
         _Signals.sections -= 1
         if not _Signals.sections and _Signals.received is not None and not _Signals.raised:
-            _raise_received()
+            _raise_received(_Signals.received)
 
 
 _RUNNING: set[Engine] = set()  # launched and not yet stopped
@@ -301,7 +301,7 @@ class Engine:
             ),
         )
         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
-            log = open(self.log_paths[name], "wb")
+            log = open(self.log_paths[name], "wb")  # noqa: SIM115 - the reader thread writes it; stop() closes it
             self._logs.append(log)
             t = threading.Thread(target=self._read, args=(stream, log), name=f"engine-{name}", daemon=True)
             t.start()
@@ -358,7 +358,9 @@ class Engine:
         while time.monotonic() < deadline and self._proc is not None and self._proc.poll() is None:
             time.sleep(0.02)
         with self._watch_lock:
-            cls, line, excerpt = self._watch.found
+            found = self._watch.found
+        assert found is not None  # _failed is set once the watch found a proof, which it keeps
+        cls, line, excerpt = found
         self._fail(Failure(cls, line, excerpt, self._proc.poll() if self._proc else None, time.monotonic()))
 
     def _fail_from_exit(self, code: int) -> None:
@@ -426,7 +428,7 @@ class Engine:
             deadline = time.monotonic() + 30
             while not port_is_free(self.spec.host, self.spec.port) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            gpu.wait_released(pids, timeout=60)
+            wait_released(pids, timeout=60)
             remove_record(self._state_dir, self.spec.port)
         _RUNNING.discard(self)
         self.stop_s = time.monotonic() - t0

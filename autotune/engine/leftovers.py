@@ -9,11 +9,13 @@ Each engine reaped is reported in one line (a logging warning: stderr unless log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,28 +71,24 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def kill_group(pgid: int, grace: float, extra: list[psutil.Process] = ()) -> None:
+def kill_group(pgid: int, grace: float, extra: Sequence[psutil.Process] = ()) -> None:
     """SIGTERM the group (and ``extra`` processes that left it), SIGKILL what is left after ``grace``."""
     targets = {p.pid: p for p in [*group_members(pgid), *extra]}
     if not targets:
         return
     for p in targets.values():
-        try:
+        with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(list(targets.values()), timeout=grace)
     for p in alive + [p for p in group_members(pgid) if p.pid not in targets]:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=5)
 
 
 def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
     """Kill the engines whose launcher died. Returns the records it acted on."""
-    reaped = []
+    reaped: list[EngineRecord] = []
     folder = state_dir / "engines"
     if not folder.is_dir():
         return reaped

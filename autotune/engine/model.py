@@ -12,6 +12,7 @@ decoder-only transformers (Llama, Qwen2, Mistral) with GQA; MoE and MLA are not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, replace
@@ -87,12 +88,11 @@ def locate(
             huggingface_hub.hf_hub_download(name, "config.json", revision=revision, cache_dir=cache, endpoint=endpoint)
         ]
         for extra in SMALL_FILES[1:]:
-            try:
+            # a model without a fast tokenizer: counted with ~4 bytes a token where that is allowed
+            with contextlib.suppress(huggingface_hub.errors.EntryNotFoundError):
                 files.append(
                     huggingface_hub.hf_hub_download(name, extra, revision=revision, cache_dir=cache, endpoint=endpoint)
                 )
-            except huggingface_hub.errors.EntryNotFoundError:
-                pass  # a model without a fast tokenizer: counted with ~4 bytes a token where that is allowed
     except (OSError, huggingface_hub.errors.HfHubHTTPError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         return ModelFiles(name, None, f"{missing}, and downloading its config.json from {hub} failed: {why}")
@@ -183,7 +183,7 @@ class ModelShape:
         return self.layers * self.params_per_layer + embeddings
 
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element (seed 002's formula, with GQA)."""
+        """2 (K and V) x layers x KV heads x head dim x bytes per element (KV heads, not query heads: GQA)."""
         if kv_cache_dtype not in ("auto", None):
             elem = DTYPE_BYTES.get(kv_cache_dtype, 2)
         else:

@@ -16,6 +16,7 @@ dropped: they are in ``failed`` and in the attainment's denominator.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -153,7 +154,7 @@ def meets_latency_slos(r: RequestResult, slos: list[SLO]) -> bool:
     return all(slo.holds(request_value(slo, r)) for slo in slos if slo.is_latency)
 
 
-def summarize(results: list[RequestResult], slos: list[SLO] = ()) -> Summary:
+def summarize(results: list[RequestResult], slos: Sequence[SLO] = ()) -> Summary:
     done = [r for r in results if r.success]
     if results:
         start = min(r.sent_s for r in results)
@@ -214,8 +215,8 @@ def lost_already(slos: list[SLO], results: list[RequestResult], total: int, now:
     for slo in slos:
         if slo.metric not in ("ttft", "e2e") or not slo.upper_bound:
             continue
-        least = [(r.ttft if slo.metric == "ttft" else r.e2e) for r in results]
-        least = [now - r.sent_s if v is None else v for v, r in zip(least, results)]
+        known = [(r.ttft if slo.metric == "ttft" else r.e2e) for r in results]
+        least = [now - r.sent_s if v is None else v for v, r in zip(known, results, strict=True)]
         least += [0.0] * (total - len(results))
         if not least:
             continue

@@ -100,6 +100,7 @@ def next_load(
     # every step so far on one side of the capacity: stride away from it, doubling or galloping
     stride = resolution ** (2 ** max(0, len(tried) - level_strides)) if gallop else 2.0
     if lo_fail is None:
+        assert hi_pass is not None  # steps were tried and none failed
         return hi_pass * stride
     if hi_pass is None:
         return lo_fail / stride

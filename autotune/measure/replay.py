@@ -186,7 +186,9 @@ async def warm_up(client: httpx.AsyncClient, workload: Workload, model: str, n: 
         return
     reqs = [workload.requests[i % len(workload)] for i in range(n)]
     results = [RequestResult(i, 0.0, 0.0, False) for i in range(n)]
-    await asyncio.gather(*(_stream_one(client, r, model, res, max_tokens) for r, res in zip(reqs, results)))
+    await asyncio.gather(
+        *(_stream_one(client, r, model, res, max_tokens) for r, res in zip(reqs, results, strict=True))
+    )
     if not any(res.success for res in results):
         raise MeasurementError(f"every warm-up request failed; the first: {results[0].error}")
 

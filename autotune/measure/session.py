@@ -46,6 +46,10 @@ OnResult = Callable[[RequestResult], None]
 # actual send.
 MIN_OFFERED_SHARE = 0.95
 
+# the defaults of measure_engine() and measure_url() (frozen, so one instance serves every call)
+_DEFAULT_REPLAY = ReplayOptions()
+_ONE_LOAD = FixedLoad()
+
 
 @dataclass
 class Step:
@@ -254,7 +258,7 @@ def measure_engine(
     *,
     log_dir: Path,
     startup_timeout: float = 900.0,
-    replay: ReplayOptions = ReplayOptions(),
+    replay: ReplayOptions = _DEFAULT_REPLAY,
     requests_file: Path | None = None,
     on_phase: OnPhase = lambda _: None,
     on_step: Callable[[Outcome], bool] = lambda _: False,
@@ -268,7 +272,7 @@ def measure_engine(
     step's numbers are then those of its requests so far, and ``Step.cut`` says why."""
     t0 = time.monotonic()
     spec = command.launch_spec(args, table, log_dir, startup_timeout)
-    out = Outcome(url=spec.url, argv=spec.argv, env=args.redacted().env, started_at=time.time())
+    out = Outcome(url=spec.url, argv=spec.argv, env=dict(args.redacted().env), started_at=time.time())
     engine = Engine(spec)
     out.log_paths = engine.log_paths
     try:
@@ -309,8 +313,8 @@ def measure_url(
     url: str,
     workload_at: Callable[[float], Workload],
     slos: list[SLO],
-    options: ReplayOptions = ReplayOptions(),
-    profile: LoadProfile = FixedLoad(),
+    options: ReplayOptions = _DEFAULT_REPLAY,
+    profile: LoadProfile = _ONE_LOAD,
     *,
     on_result: OnResult | None = None,
 ) -> Outcome:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import NoReturn
 
 from autotune.errors import SLOSyntaxError
 
@@ -147,7 +148,7 @@ def _parse_stat(stat: str | None, raw: str) -> float | None:
     return p
 
 
-def _explain_no_match(raw: str) -> None:
+def _explain_no_match(raw: str) -> NoReturn:
     if not re.search(r"[<>]", raw):
         name = raw.split(":")[-1].strip()
         raise SLOSyntaxError(

@@ -34,8 +34,8 @@ def outcome_tables(out: Outcome, engine_start: str | None) -> list[Table]:
     ]
     if engine_start is not None:
         rows.insert(0, ("engine start", engine_start))
-    for k, v in rows:
-        head.add_row(k, v)
+    for label, text in rows:
+        head.add_row(label, text)
     tables = [head]
     lat = Table(title="latency (ms)")
     if s.itl_same_read >= 0.1:  # a 0.0 ms median without a word puzzles a reader

@@ -16,8 +16,10 @@ from autotune.workload.trace import Workload
 
 __all__ = ["replay_canary"]
 
+_DEFAULT_REPLAY = ReplayOptions()  # frozen: one instance serves every call
 
-def replay_canary(workload: Workload, slos: list[SLO], options: ReplayOptions = ReplayOptions()) -> Canary:
+
+def replay_canary(workload: Workload, slos: list[SLO], options: ReplayOptions = _DEFAULT_REPLAY) -> Canary:
     def run(url: str) -> CanaryResult:
         try:
             result = measure_url(url, lambda _: workload, slos, options)

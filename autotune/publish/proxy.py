@@ -23,6 +23,7 @@ Each would be one class here with ``from_settings``, ``backend`` and ``point_at`
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
@@ -114,10 +115,8 @@ class NginxProxy:
             # the file must keep saying what serves: put the old one back and reload it (best effort)
             if old is not None:
                 atomic_write(self.upstream_file, old, 0o644)
-                try:
+                with contextlib.suppress(PublishError):
                     self._run(self.reload, "reload")
-                except PublishError:
-                    pass
             raise
 
     def check(self) -> None:

@@ -184,6 +184,7 @@ def _verify_switched(
         passed, reason, summary = False, f"verification failed: {e}", None
     if passed:
         entry = _step(history, entry, "retiring", old, new)
+        assert entry.switch is not None  # _step wrote it
         target.drain(old)  # streams that started before the switch finish there
         on_stop = target.stop_quietly(old)
         said = [f"{old.name} did not stop: {on_stop}"] if on_stop else []
@@ -209,6 +210,7 @@ def _switch_back(
     verified: dict[str, Any] | None,
 ) -> PublishResult:
     entry = _step(history, entry, "switching-back", old, new)
+    assert entry.switch is not None  # _step wrote it
     try:
         try:
             wait_healthy(old.url, 5.0, 0.5)

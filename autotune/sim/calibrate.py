@@ -1,4 +1,4 @@
-"""Self-calibration: vllm-sim's time constants fitted to a host's own measured trials (issue 9, item 4).
+"""Self-calibration: vllm-sim's time constants fitted to a host's own measured trials.
 
 A study's trials are the best calibration data a host will ever have: its GPU (or CPU), its model, its
 vLLM, its traffic. ``calibrate`` replays every measured load step of those trials in virtual time (the
@@ -79,8 +79,7 @@ class Calibration:
     fitted_at: float = 0.0
 
     def gpu(self) -> GpuProfile:
-        base = GPUS[self.profile]
-        return replace(base, **{k: v for k, v in self.constants.items() if k not in FRONT_END})
+        return _gpu_with(GPUS[self.profile], self.constants)
 
     def front_end(self) -> FrontEnd:
         return replace(API_SERVER, **{k: v for k, v in self.constants.items() if k in FRONT_END})
@@ -97,6 +96,12 @@ class Calibration:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Calibration:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def _gpu_with(base: GpuProfile, constants: Mapping[str, float]) -> GpuProfile:
+    """``base`` with those of the fitted constants that are its own (the others are the API server's)."""
+    own: dict[str, Any] = {k: v for k, v in constants.items() if k not in FRONT_END}  # float fields, by name
+    return replace(base, **own)
 
 
 def step_metrics(
@@ -173,7 +178,7 @@ def calibrate(
         return workloads[key]
 
     def loss(c: Mapping[str, float]) -> float:
-        gpu = replace(base, **{k: v for k, v in c.items() if k not in FRONT_END})
+        gpu = _gpu_with(base, c)
         front = replace(fe, **{k: v for k, v in c.items() if k in FRONT_END})
         return log_loss(_pairs(steps, lambda st: step_metrics(shape, gpu, front, st.values, workload(st.load))))
 
@@ -181,7 +186,7 @@ def calibrate(
     lo = np.array([math.log(FITTED[k][0]) for k in names])
     hi = np.array([math.log(FITTED[k][1]) for k in names])
     x0 = np.clip(np.array([math.log(max(now[k], 1e-12)) for k in names]), lo, hi)
-    best = {k: math.exp(v) for k, v in zip(names, x0)}
+    best = {k: math.exp(v) for k, v in zip(names, x0, strict=True)}
     before = after = loss(best)
     # a factor of ~3 either way to start with; a warm start from an earlier fit searches closer to it
     opt = CMA(mean=x0, sigma=0.5 if start else 1.0, bounds=np.stack([lo, hi], axis=1), seed=seed)
@@ -190,7 +195,7 @@ def calibrate(
         told = []
         for _ in range(opt.population_size):
             x = opt.ask()
-            c = {k: math.exp(v) for k, v in zip(names, x)}
+            c = {k: math.exp(v) for k, v in zip(names, x, strict=True)}
             value = loss(c)
             done += 1
             told.append((x, value))

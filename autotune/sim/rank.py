@@ -1,4 +1,4 @@
-"""A study's space scored in virtual time, before any engine starts (simulate first, issue 10).
+"""A study's space scored in virtual time, before any engine starts (the simulator as a study's advisor).
 
 ``SpaceSimulator(shape, gpu, workload_at, base_rate, slos, front_end)`` is what a study calls with a list of engine-arg
 values (each point's ``EngineArgs.values``, the space's rules applied) and gets, for each, the capacity the

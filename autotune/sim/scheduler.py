@@ -152,7 +152,7 @@ class KVCache:
             self.queries += req.num_tokens
             self.hits += hit_tokens
 
-    def allocate(self, req: Request, num_new_tokens: int, computed: list[int] = ()) -> bool:
+    def allocate(self, req: Request, num_new_tokens: int, computed: Sequence[int] = ()) -> bool:
         """Blocks for ``num_new_tokens`` more tokens of ``req``; False (and no change) when there are too few."""
         held = len(req.blocks) + len(computed)
         need = -(-(req.num_computed + len(computed) * self.block_size + num_new_tokens) // self.block_size) - held

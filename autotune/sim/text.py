@@ -130,7 +130,8 @@ class TextCodec:
 
 
 def chat_prompt(messages: Sequence[dict[str, Any]]) -> str:
-    """A simple chat template (the tiny test model's): ``<|role|>\\ncontent\\n`` per message, then the assistant's turn."""
+    """A simple chat template (the tiny test model's): ``<|role|>\\ncontent\\n`` per message, then the assistant's
+    turn."""
     parts = []
     for m in messages:
         content = m.get("content")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.configfile import Table, read_toml, show
-from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.args import EngineArgs, EngineCommand, Value
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.kind import EngineKind
 from autotune.engine.model import ModelFiles, locate, parse_bytes
@@ -106,7 +107,7 @@ class StudyDefinition:
 
     def model_files(self) -> ModelFiles:
         """Where the model's files are, found as vLLM finds them (at the engine's revision)."""
-        return locate(self.command.model, self.fixed.values.get("revision"))
+        return locate(self.command.model, _revision(self.fixed.values))
 
     def with_overrides(
         self,
@@ -174,7 +175,7 @@ def load_study(
     gpus = _gpus(eng.table("gpu")) if "gpu" in eng else None
     secret_env = tuple(eng.strings("secret_env", []))
     eng.done()
-    fixed = EngineArgs(dict(args.data), {key: env.text(key) for key in env.keys()})
+    fixed = EngineArgs(dict(args.data), {key: env.text(key) for key in env})
     for key, value in fixed.values.items():
         check_range(kind, key, value, args.name(key))
 
@@ -186,7 +187,7 @@ def load_study(
                 f"{space.where} is empty, so it would search nothing: name a parameter, "
                 "or leave [space] out to search the engine's default space"
             )
-        params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space.keys())
+        params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space)
 
     wl = top.table("workload")
     overrides: dict[str, object] = {
@@ -205,7 +206,7 @@ def load_study(
         overrides=overrides,
         api=wl.string("api", None, choices=("completion", "chat")),
         tokenizer=_tokenizer(wl.string("tokenizer", None), fixed.values, model),
-        no_tokenizer=_no_tokenizer(model, fixed.values.get("revision"), where),
+        no_tokenizer=_no_tokenizer(model, _revision(fixed.values), where),
     )
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
@@ -323,13 +324,19 @@ def _baselines(bl: Table, searched: tuple[Param, ...], kind: EngineKind) -> tupl
     return tuple(b for _, b in named)
 
 
-def _tokenizer(given: str | None, engine_args: dict[str, Any], model: str) -> Path | None:
+def _revision(engine_args: Mapping[str, Value]) -> str | None:
+    """The engine's --revision as vLLM reads it (a string: the command line's), None when not set."""
+    revision = engine_args.get("revision")
+    return None if revision is None else str(revision)
+
+
+def _tokenizer(given: str | None, engine_args: Mapping[str, Value], model: str) -> Path | None:
     """Prompts are built with the tokenizer the engine counts with: the workload's, else vLLM's --tokenizer, else
     the model's (a directory, or the Hugging Face cache at the engine's revision)."""
     for candidate in (given, engine_args.get("tokenizer")):
         if candidate and Path(str(candidate)).exists():
             return Path(str(candidate))
-    return locate(model, engine_args.get("revision")).tokenizer
+    return locate(model, _revision(engine_args)).tokenizer
 
 
 def _no_tokenizer(model: str, revision: str | None, where: str) -> str:

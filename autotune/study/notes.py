@@ -163,7 +163,7 @@ def trial_note(r: TrialRecord, reference: TrialRecord | None) -> str:
         p = r.predicted_capacity_rps
         measured = f" (measured: {r.capacity_rps / p * 100:.0f} % of it)" if p > 0 and r.feasible else ""
         lines += ["", f"Predicted capacity (simulator): {_rps(p)}{measured}."]
-    lines += [""] + _config(r) + [""] + _raw_data(r)
+    lines += ["", *_config(r), "", *_raw_data(r)]
     return "\n".join(lines) + "\n"
 
 
@@ -230,10 +230,7 @@ def study_note(result: StudyResult, slos: list[str]) -> str:
 
 def _merged(ours: str, stored: str) -> str:
     """Our text, then KEEP, then what a person wrote below KEEP (or all of a note autotune never wrote)."""
-    if KEEP in stored:
-        theirs = stored.partition(KEEP)[2]
-    else:
-        theirs = stored
+    theirs = stored.partition(KEEP)[2] if KEEP in stored else stored
     return ours + KEEP + theirs
 
 

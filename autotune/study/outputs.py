@@ -51,7 +51,8 @@ def comparison(result: StudyResult, winner: TrialRecord | None) -> list[Row]:
     if winner is not None:
         rows.append(_row(winner, f"best (trial {winner.number})"))
     for t in result.baselines():
-        rows.append(_row(t, t.baseline + (f" [{t.failure_class}]" if t.failure_class else "")))
+        # a baseline's label is its name: baselines() holds only the trials that have one
+        rows.append(_row(t, t.label + (f" [{t.failure_class}]" if t.failure_class else "")))
     return rows
 
 

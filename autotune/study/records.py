@@ -44,6 +44,7 @@ class Attr:
     ARGV = "argv"  # the exact command line that ran
     ENV = "env"  # the engine's environment (names and values)
     ENGINE_ARGS = "engine_args"  # EngineArgs.to_json(): what ran, the space's rules applied
+    ENGINE_GPUS = "engine_gpus"  # the GPUs the engine held (EngineKind.gpus_per_engine)
     HOST = "host"
     WORKER = "worker"  # host:pid of the worker that ran it (several hosts share a study)
     GPUS = "gpus"
@@ -182,10 +183,8 @@ class TrialRecord:
 
     @property
     def gpu_s(self) -> float:
-        """GPU time the trial held: its wall time on each GPU of the engine (vLLM's tensor x pipeline parallel)."""
-        values = (self.attrs.get(Attr.ENGINE_ARGS) or {}).get("values", {})
-        gpus = int(values.get("tensor_parallel_size") or 1) * int(values.get("pipeline_parallel_size") or 1)
-        return self.wall_s * gpus
+        """GPU time the trial held: its wall time on each GPU of the engine (one where a study did not record it)."""
+        return self.wall_s * int(self.attrs.get(Attr.ENGINE_GPUS, 1))
 
     @property
     def argv(self) -> list[str]:

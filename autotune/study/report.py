@@ -252,10 +252,15 @@ def _ladders(d: StudyDefinition, result: StudyResult):
                 col=col,
             )
     for slo in d.slos:  # only the targets these two panels can show
-        col = {"ttft": 1, "tpot": 2}.get(slo.metric)
-        if col is not None and slo.is_latency:
+        panel = {"ttft": 1, "tpot": 2}.get(slo.metric)
+        if panel is not None and slo.is_latency:
             fig.add_hline(
-                y=slo.target * 1000, line_dash="dash", line_color="firebrick", annotation_text=slo.text, row=1, col=col
+                y=slo.target * 1000,
+                line_dash="dash",
+                line_color="firebrick",
+                annotation_text=slo.text,
+                row=1,
+                col=panel,
             )
     fig.update_xaxes(title_text="load (req/s)")
     fig.update_layout(title="Capacity ladder of each trial (circle: the step met every SLO; x: it missed)", height=480)

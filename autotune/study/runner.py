@@ -89,7 +89,7 @@ def build_space(d: StudyDefinition) -> Space:
         d.params if d.params is not None else default_space(kind, d.platform, mem, devices[0].name if devices else "")
     )
     shape = kind.shape(d.command.model)
-    mml = d.fixed.values.get("max_model_len")
+    mml = d.fixed.values.get(kind.context_length) if kind.context_length else None
     return Space(params, d.platform, d.fixed, int(mml) if mml else (shape.max_position if shape else None), kind)
 
 
@@ -265,8 +265,8 @@ class StudyRun:
         trial.set_user_attr(Attr.HOST, self.host)
         trial.set_user_attr(Attr.WORKER, self.worker)
         trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
+        trial.set_user_attr(Attr.ENGINE_GPUS, self.space.engine.gpus_per_engine(args.values))
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
-
         if self.d.precheck and self.shape is not None:
             mem = self.devices[0].total_bytes if self.devices else None
             reason = self.space.engine.precheck(self.shape, args, self.d.platform, mem)

@@ -52,7 +52,9 @@ class Pareto(Scoring):
         return Ladder(self.start_load, 1, self.resolution)
 
     def value(self, out: Outcome) -> tuple[float, float]:
-        s = out.judged_step().summary
+        step = out.judged_step()
+        assert step is not None  # a trial that reaches its value measured a step (a failed start raised before)
+        s = step.summary
         return s.output_throughput, (s.ttft.p95 if s.ttft.p95 is not None else math.inf)
 
 

@@ -107,11 +107,18 @@ class Param:
                 check_range(engine, name, value, t.name(label))
         return p
 
+    def _bounds(self) -> tuple[float, float]:
+        """(low, high) of an int or float parameter, which __post_init__ made sure are both given."""
+        assert self.low is not None and self.high is not None
+        return self.low, self.high
+
     def sample(self, trial: Suggest) -> Value:
         if self.kind == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+            low, high = self._bounds()
+            return trial.suggest_int(self.name, int(low), int(high), step=int(self.step or 1), log=self.log)
         if self.kind == "float":
-            value = trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
+            low, high = self._bounds()
+            value = trial.suggest_float(self.name, float(low), float(high), step=self.step, log=self.log)
             # Optuna's stepped floats are low + k * step in binary (0.8700000000000001): the value the engine,
             # the console and a published config see is the decimal the step means
             return round(value, 10) if self.step else value
@@ -126,7 +133,8 @@ class Param:
             return (False, True)
         if self.kind == "categorical":
             return tuple(self.choices)
-        lo, hi = float(self.low), float(self.high)
+        low, high = self._bounds()
+        lo, hi = float(low), float(high)
         ts = [i / (points - 1) for i in range(points)] if points > 1 else [0.0]
         raw = [lo * (hi / lo) ** t if self.log else lo + (hi - lo) * t for t in ts]
         if isinstance(self.default, (int, float)) and not isinstance(self.default, bool) and lo <= self.default <= hi:
@@ -135,7 +143,7 @@ class Param:
         for x in sorted(raw):
             if self.step:
                 x = lo + round((x - lo) / self.step) * self.step
-            v = int(round(x)) if self.kind == "int" else round(x, 10)
+            v = round(x) if self.kind == "int" else round(x, 10)
             if lo <= v <= hi and v not in out:
                 out.append(v)
         return tuple(out)
@@ -159,7 +167,9 @@ class Param:
             if value not in self.choices:
                 raise ConfigError(f"{where}: not one of {list(self.choices)}")
             return value
-        if not self.low <= value <= self.high:
+        assert isinstance(value, (int, float))  # expects() said so, for an int or float parameter
+        low, high = self._bounds()
+        if not low <= value <= high:
             raise ConfigError(f"{where}: outside {self.low}..{self.high}")
         return int(value) if self.kind == "int" else float(value)
 

@@ -30,6 +30,7 @@ Each line is flushed as it is written: a crash loses at most the requests in fli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -455,7 +456,7 @@ async def serve_capture(
     proxy = CaptureProxy(upstream_url, out_path, with_prompts=with_prompts)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    handled: list[int] = []
+    handled: list[signal.Signals] = []
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -468,11 +469,9 @@ async def serve_capture(
         if on_ready is not None:
             on_ready(port)
         while not stop.is_set() and not (stop_event is not None and stop_event.is_set()):
-            try:
-                # a threading.Event cannot wake the loop: look at it ten times a second
+            # a threading.Event cannot wake the loop: look at it ten times a second
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
-            except TimeoutError:
-                pass
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)

@@ -14,7 +14,7 @@ from pathlib import Path
 from autotune.errors import ConfigError
 from autotune.workload.prompts import PromptBuilder, Tokenizer, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
-from autotune.workload.trace import MAX_TOKENS, Workload, read_workload
+from autotune.workload.trace import MAX_TOKENS, Api, Request, Workload, read_workload
 
 __all__ = ["WorkloadSpec", "load", "check", "parse_range", "length_flags", "LoadSteps"]
 
@@ -28,7 +28,7 @@ class WorkloadSpec:
     burstiness: float = 1.0
     seed: int = 0
     overrides: dict[str, object] = field(default_factory=dict)  # scenario ranges, e.g. prompt_tokens=(64, 256)
-    api: str | None = None  # force chat or completion
+    api: Api | None = None  # force chat or completion
     output_tokens: int | None = None  # fix every output length
     tokenizer: Path | None = None  # a model directory or tokenizer.json
     # what to do when prompts need a tokenizer and there is none, said for where the spec came from
@@ -78,10 +78,11 @@ class LoadSteps:
 
     Every step lasts as long (``duration_s``), so a higher load is a longer stream of requests
     at a higher rate (its ``offered_rate``: the base rate x the load, what the step's capacity is
-    stated in, so that a higher load is never a lower rate however few requests a step holds), not the same few requests squeezed into a shorter burst that a big batch
-    absorbs. Synthetic workloads draw fresh requests for each load (no accidental prefix-cache
-    hits from repeats); a trace is replayed again from its start, shifted in time, when the
-    step needs more requests than it holds. Built once per load and kept: trials reuse them.
+    stated in, so that a higher load is never a lower rate however few requests a step holds), not
+    the same few requests squeezed into a shorter burst that a big batch absorbs. Synthetic workloads
+    draw fresh requests for each load (no accidental prefix-cache hits from repeats); a trace is replayed
+    again from its start, shifted in time, when the step needs more requests than it holds. Built once
+    per load and kept: trials reuse them.
     """
 
     def __init__(self, spec: WorkloadSpec, duration_s: float | None = None) -> None:
@@ -113,6 +114,7 @@ class LoadSteps:
         rate = self.base.rate * load_factor
         n = max(2, math.ceil(rate * self.duration_s))
         if self.spec is not None and self.spec.scenario is not None:
+            assert self.spec.rate is not None  # a scenario has a rate, or load() refused it in __init__
             drawn = load(
                 replace(
                     self.spec,
@@ -134,7 +136,7 @@ class LoadSteps:
             n = min(n, max(2, max_requests))
         scaled = self.base.scaled(load_factor)
         period = scaled.span_s + (1.0 / rate if math.isfinite(rate) else 0.0)
-        reqs = []
+        reqs: list[Request] = []
         k = 0
         while len(reqs) < n:
             reqs += [replace(r, arrival_s=r.arrival_s + k * period) for r in scaled.requests]
@@ -211,6 +213,7 @@ def _requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> Workload:
         overrides["api"] = spec.api
     if spec.output_tokens is not None:
         overrides["output_tokens"] = (spec.output_tokens, spec.output_tokens)
+    assert spec.scenario is not None  # no trace: a scenario (checked above)
     scenario = SCENARIOS[spec.scenario].with_overrides(**overrides)
     return synthesize(
         scenario, rate=spec.rate, num_requests=spec.num_requests, burstiness=spec.burstiness, seed=spec.seed

@@ -12,11 +12,12 @@ token counts only; ``prompts.materialize`` turns them into text with the model's
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
 from autotune.errors import ConfigError
-from autotune.workload.trace import Request, Workload, gamma_arrivals
+from autotune.workload.trace import Api, Request, Workload, gamma_arrivals
 
 __all__ = ["Scenario", "SCENARIOS", "synthesize"]
 
@@ -30,7 +31,7 @@ class Scenario:
     output_tokens: Range
     prefix_tokens: Range = (0, 0)  # shared prefix length per group; (0, 0): none
     prefix_groups: int = 0
-    api: str = "completion"
+    api: Api = "completion"
     description: str = ""
 
     def with_overrides(self, **kw: object) -> Scenario:
@@ -38,7 +39,8 @@ class Scenario:
         bad = set(kw) - known
         if bad:
             raise ConfigError(f"scenario {self.name!r} has no setting {', '.join(sorted(bad))}")
-        new = replace(self, **{k: v for k, v in kw.items() if v is not None})
+        given: dict[str, Any] = {k: v for k, v in kw.items() if v is not None}  # as written: checked below
+        new = replace(self, **given)
         for name in ("prompt_tokens", "output_tokens", "prefix_tokens"):
             lo, hi = getattr(new, name)
             if lo > hi or lo < 0 or (name != "prefix_tokens" and lo < 1):

@@ -2,8 +2,8 @@
 
 autotune's trace format is JSON Lines, one request per line, ordered by arrival:
 
-    {"arrival_s": 0.0,  "prompt_tokens": 1536, "output_tokens": 128, "prefix_group": "support-bot", "prefix_tokens": 1024, "api": "chat"}
-    {"arrival_s": 0.31, "prompt": "Summarise the following ...", "output_tokens": 256}
+    {"arrival_s": 0.0,  "prompt_tokens": 1536, "output_tokens": 128, "prefix_group": "bot", "prefix_tokens": 1024}
+    {"arrival_s": 0.31, "prompt": "Summarise the following ...", "output_tokens": 256, "api": "chat"}
 
     arrival_s       seconds after the start of the trace (required)
     prompt          the prompt text; or
@@ -26,6 +26,7 @@ speaking) or with an empty one are skipped, and ``Workload.skipped`` counts them
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -129,7 +130,7 @@ def with_arrivals(
 ) -> Workload:
     reqs = list(requests)
     times = gamma_arrivals(len(reqs), rate, burstiness, seed)
-    return Workload(tuple(replace(r, arrival_s=t) for r, t in zip(reqs, times)), name)
+    return Workload(tuple(replace(r, arrival_s=t) for r, t in zip(reqs, times, strict=True)), name)
 
 
 def write_trace(workload: Workload, path: str | Path) -> None:
@@ -295,7 +296,7 @@ def _exchange(turns: list, where: str) -> tuple[str, str] | None:
             raise TraceFormatError(f'{where}: turn {j} must be {{"from": ROLE, "value": TEXT}}')
         if turn["from"] != "system":
             spoken.append(turn)
-    for ask, answer in zip(spoken, spoken[1:]):
+    for ask, answer in itertools.pairwise(spoken):
         if ask["from"] in _ASKS and answer["from"] in _ANSWERS:
             return ask["value"], answer["value"]
     return None
@@ -316,7 +317,13 @@ def _read_sharegpt(
             raise TraceFormatError(f"{p}: entry {i} has no 'conversations' list; is this ShareGPT?")
         pair = _exchange(turns, f"{p}: entry {i}")
         # an unanswered question has no output length: vLLM's benchmark skips it too
-        out = 0 if pair is None else output_tokens if output_tokens is not None else count_tokens(pair[1])
+        if pair is None:
+            out = 0
+        elif output_tokens is not None:
+            out = output_tokens
+        else:
+            assert count_tokens is not None  # one of the two is given: checked above
+            out = count_tokens(pair[1])
         if pair is None or not pair[0] or out < 1:
             skipped += 1
             continue

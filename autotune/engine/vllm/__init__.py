@@ -26,6 +26,7 @@ class VllmKind(EngineKind):
     metrics = metrics.METRICS
     baselines = defaults.BASELINES
     memory_fraction = "gpu_memory_utilization"
+    context_length = "max_model_len"
     advisor = "autotune.sim.advisor:learning_simulator"  # vllm-sim, refitted to this host as trials measure
 
     def matches(self, command: Sequence[str]) -> bool:
@@ -44,6 +45,9 @@ class VllmKind(EngineKind):
 
     def apply_rules(self, values: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
         return defaults.apply_rules(values, max_model_len)
+
+    def gpus_per_engine(self, values: Mapping[str, Any]) -> int:
+        return int(values.get("tensor_parallel_size") or 1) * int(values.get("pipeline_parallel_size") or 1)
 
     def unsupported(self, key: str, value: Any, platform: str) -> str | None:
         if key == "gpu_memory_utilization" and platform == "cpu":

