@@ -145,7 +145,7 @@ def vllm_sim(tiny_model, tmp_path_factory):
 # -- the run spread over pytest-xdist's workers ---------------------------------------------------------
 
 # scripts/run_tests.sh runs the tests that start no real engine on four workers, then the real engines that assert
-# no speed on two, then those that do (`alone`) one at a time. A
+# no speed on two, then the two real studies (`paired`) side by side, then those that assert speed (`alone`). A
 # module-scoped fixture (a finished study, a running server) is paid once per worker that runs one of its
 # module's tests, so such a module's tests stay on one worker.
 

@@ -22,7 +22,7 @@ from autotune.study.records import Attr, TrialRecord
 from autotune.study.advisor import prediction_bias
 from tests.conftest import free_port
 
-pytestmark = [pytest.mark.engine, pytest.mark.alone, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.engine, pytest.mark.paired, pytest.mark.timeout(1800)]
 
 # the time constants scripts/bench_self_calibration.py fitted on all ten of its measured configs, on this
 # project's 2-vCPU CI host (bench/self_calibration.json, "fit_all"): a stand-in for an earlier study's calibration
