@@ -93,3 +93,23 @@ def test_the_walk_sees_imports():
     assert "autotune.study.records" in imports_of(PACKAGE / "cli" / "study.py")  # imported inside a function
     assert component("autotune.daemon.loop") == "daemon" and component("autotune") == "__init__"
     assert "autotune.engine.failures" not in imports_of(PACKAGE / "errors.py")  # only for type checking there
+
+
+def test_no_import_cycle_anywhere():
+    """The imports drawn as a graph (a package's own ``__init__`` aside) have no cycle: each module can be read
+    knowing only what it imports."""
+    graph = {module: {m for m in imports_of(path) if m != module} for module, path in modules()}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = path[path.index(module):] + [module]
+            raise AssertionError(f"an import cycle: {' -> '.join(cycle)}")
+        if module in done or module not in graph:
+            return
+        for m in sorted(graph[module]):
+            visit(m, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])

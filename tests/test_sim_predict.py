@@ -110,6 +110,10 @@ def test_a_config_vllm_refuses_is_invalid_args(tmp_path):
     (["llama-3.1-8b", "--scenario", "chats", "--rate", "4"], "unknown scenario 'chats'"),
     (["llama-3.1-8b", "--workload", "no/such.jsonl"], "does not exist"),
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--max-concurrency", "0"], "--max-concurrency"),
+    (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--requests", "0"], "--requests must be at least 1"),
+    (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--load", "nan"], "--load must be a positive number"),
+    (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--warmup", "-1"], "--warmup must be 0 or more"),
+    (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--request-timeout", "5"], "unrecognized arguments"),
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--slo", "ttft<<1"], "SLO"),
     (["--scenario", "chat", "--rate", "4"], "required: MODEL"),
 ])

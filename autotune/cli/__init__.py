@@ -10,90 +10,49 @@ Subcommands import what they need when they run, so `autotune --help` does not l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import math
 import os
-import shutil
-import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.boundary import input_errors, one_line
+from autotune.cli.conventions import (
+    EXIT_OK,
+    EXIT_SLO_MISS,
+    EXIT_USAGE,
+    SLO_HELP,
+    Parser,
+    default_engine_command,
+    port,
+    stopped,
+    whole_number,
+)
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 
-EXIT_OK, EXIT_SLO_MISS, EXIT_USAGE = 0, 1, 2
-
-SLO_HELP = (
-    "an SLO, repeatable; quote it (the shell reads < as a redirection): 'ttft<800ms' (p95 unless a "
-    "percentile is given), 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'throughput>2000tok/s', 'rps>5'"
-)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line and exit 2, like every usage error here
-        self.exit(EXIT_USAGE, f"autotune: {one_line(message)} (see {self.prog} --help)\n")
-
-
-def _whole_number(text: str, low: int, high: int | None = None) -> int | None:
-    """``text`` as a whole number from ``low`` to ``high`` (ASCII digits only: int() also reads '١٢'), else None."""
-    if not (text.isascii() and text.isdigit()) or int(text) < low or (high is not None and int(text) > high):
-        return None
-    return int(text)
-
-
-def _whole_numbers(low: int, high: int | None, what: str):
-    """An argparse type: a whole number in a range; else a usage error saying what is expected."""
-
-    def parse(text: str) -> int:
-        n = _whole_number(text, low, high)
-        if n is None:
-            raise argparse.ArgumentTypeError(f"{what}, not {text!r}")
-        return n
-
-    return parse
-
-
-_port = _whole_numbers(1, 65535, "a port is a number from 1 to 65535")
-_trial_count = _whole_numbers(1, None, "the number of trials to print is 1 or more")
-
-
-def default_engine_command() -> str:
-    """`vllm serve` from PATH, else the vllm beside this Python (the CPU installer's venv)."""
-    if shutil.which("vllm"):
-        return "vllm serve"
-    beside = Path(sys.executable).parent / "vllm"
-    return f"{beside} serve" if beside.exists() else "vllm serve"
+if TYPE_CHECKING:
+    from autotune.measure.replay import ReplayOptions
+    from autotune.workload.options import WorkloadOptions
+    from autotune.workload.source import WorkloadSpec
+    from autotune.workload.trace import Workload
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("workload (a trace file or a synthetic scenario)")
-    g.add_argument("--workload", type=Path, help="trace: autotune JSONL, vllm bench custom JSONL, or ShareGPT JSON")
-    g.add_argument("--scenario", help="synthetic: chat, long-docs or high-concurrency")
-    g.add_argument("--rate", type=float, help="arrival rate in requests/s (synthetic, or files without arrival times)")
-    g.add_argument("--requests", type=int, default=200, help="number of requests (default 200)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson (default)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--prompt-tokens", help="override the scenario's prompt length: N or LO-HI")
-    g.add_argument("--output-tokens", help="scenario output length N or LO-HI; for a file, a fixed N")
-    g.add_argument("--prefix-tokens", help="override the scenario's shared prefix length: N or LO-HI")
-    g.add_argument("--api", choices=("completion", "chat"), help="force the API for every request")
-    g.add_argument("--tokenizer", type=Path, help="model directory with tokenizer.json (bench: the model's own)")
-    r = p.add_argument_group("replay")
-    r.add_argument("--load", type=float, default=1.0, help="multiply the arrival rate (default 1)")
-    r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
-    r.add_argument("--warmup", type=int, default=4, help="unmeasured warm-up requests (default 4)")
-    r.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    """The workload and replay flags (workload/options.py, which ``vllm-sim predict`` shares), and the verdict's."""
+    from autotune.workload.options import add_arguments
+
+    add_arguments(p)
     p.add_argument("--slo", action="append", default=[], help=SLO_HELP)
     p.add_argument("--json", type=Path, help="write the full result as JSON here")
     p.add_argument("--requests-json", type=Path, help="write every request's timings (JSONL) here")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="autotune", description="Tune vLLM engine args against your workload and SLOs.")
+    p = Parser(prog="autotune", description="Tune vLLM engine args against your workload and SLOs.")
     p.add_argument("--version", action="version", version=f"autotune {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     b = sub.add_parser(
         "bench",
@@ -104,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", required=True, help="model path or name, passed to the engine")
     b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
     b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
-    b.add_argument("--port", type=_port, default=8100)
+    b.add_argument("--port", type=port, default=8100)
     b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="engine environment, repeatable")
     b.add_argument("--startup-timeout", type=float, default=900.0)
     b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
@@ -195,26 +154,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return env
 
 
-def _workload_spec(a: argparse.Namespace, tokenizer: Path | None):
-    from autotune.workload.source import WorkloadSpec, length_flags
-
-    overrides, fixed_out = length_flags(a.prompt_tokens, a.prefix_tokens, a.output_tokens, a.workload is not None)
-    _check_replay_numbers(a)
-    return WorkloadSpec(
-        trace=a.workload,
-        scenario=a.scenario,
-        rate=a.rate,
-        num_requests=a.requests,
-        burstiness=a.burstiness,
-        seed=a.seed,
-        overrides=overrides,
-        api=a.api,
-        output_tokens=fixed_out,
-        tokenizer=tokenizer,
-    )
-
-
-def _load_workload(spec):
+def _load_workload(spec: WorkloadSpec) -> Workload:
     """The workload; a note on stderr says what its file left out (ShareGPT conversations without an exchange)."""
     from autotune.workload.source import load
     from autotune.workload.trace import SKIPPED_WHY
@@ -227,28 +167,14 @@ def _load_workload(spec):
     return workload
 
 
-def _check_replay_numbers(a: argparse.Namespace) -> None:
-    """The replay's own numbers, checked with the workload's (WorkloadSpec checks those), before anything is read."""
-    if a.requests < 1:
-        raise ConfigError("--requests must be at least 1")
-    if not (a.load > 0 and math.isfinite(a.load)):
-        raise ConfigError(f"--load must be a positive number, got {a.load}")
-    if a.max_concurrency is not None and a.max_concurrency < 1:
-        raise ConfigError("--max-concurrency must be at least 1")
-    if a.warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more requests, got {a.warmup}")
-    if not a.request_timeout > 0:
-        raise ConfigError(f"--request-timeout must be a positive number of seconds, got {a.request_timeout}")
-
-
-def _replay_options(a: argparse.Namespace, model: str | None = None, api_key: str | None = None):
+def _replay_options(options: WorkloadOptions, model: str | None = None, api_key: str | None = None) -> ReplayOptions:
     from autotune.measure.replay import ReplayOptions
 
     return ReplayOptions(
-        load=a.load,
-        max_concurrency=a.max_concurrency,
-        request_timeout_s=a.request_timeout,
-        warmup_requests=a.warmup,
+        load=options.load,
+        max_concurrency=options.max_concurrency,
+        request_timeout_s=options.request_timeout,
+        warmup_requests=options.warmup,
         model=model,
         api_key=api_key,
     )
@@ -295,6 +221,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     from autotune.measure.profiles import FixedLoad
     from autotune.measure.session import measure_engine
     from autotune.measure.slo import parse_slos
+    from autotune.workload.options import WorkloadOptions
 
     slos = parse_slos(a.slo)
     command = EngineCommand(
@@ -307,10 +234,12 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     )
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
-    files = locate(a.model, args.values.get("revision"))  # where vLLM would find the model: its tokenizer too
-    spec = _workload_spec(a, a.tokenizer or files.tokenizer)
-    spec = replace(
-        spec,
+    revision = args.values.get("revision")
+    # where vLLM would find the model: its tokenizer too
+    files = locate(a.model, None if revision is None else str(revision))
+    options = WorkloadOptions.from_args(a)  # the flags' numbers, checked before anything is read or started
+    spec = options.spec(
+        options.tokenizer or files.tokenizer,
         no_tokenizer=f"{files.found}: pass --tokenizer DIR (a directory with tokenizer.json), or "
         f"put the model's config and tokenizer there with `{files.fetch_command()}`",
     )
@@ -328,35 +257,30 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
                 FixedLoad(),
                 log_dir=a.log_dir,
                 startup_timeout=a.startup_timeout,
-                replay=_replay_options(a),
+                replay=_replay_options(options),
                 on_phase=lambda ph: progress.update(task, description=ph),
                 on_result=lambda _: progress.advance(task),
             )
     except Interrupted as e:
-        return _stopped(e, "; the engine was stopped")
+        return stopped(e, "; the engine was stopped")
     return _finish(result, a)
-
-
-def _stopped(e: Interrupted, rest: str) -> int:
-    """The one line of a command a signal stopped; its exit code is 128 + the signal (130 for Ctrl-C, as ever)."""
-    said = "interrupted" if e.signum == signal.SIGINT else f"stopped by {e.name}"
-    print(f"autotune: {said}{rest}", file=sys.stderr)
-    return e.exit_code
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
     from autotune.measure.session import measure_url
     from autotune.measure.slo import parse_slos
+    from autotune.workload.options import WorkloadOptions
 
     slos = parse_slos(a.slo)
-    workload = _load_workload(_workload_spec(a, a.tokenizer))
+    options = WorkloadOptions.from_args(a)
+    workload = _load_workload(options.spec(options.tokenizer))
     with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
         result = measure_url(
             a.url.rstrip("/"),
             lambda _: workload,
             slos,
-            _replay_options(a, a.model, a.api_key),
+            _replay_options(options, a.model, a.api_key),
             on_result=lambda _: progress.advance(task),
         )
     return _finish(result, a)
@@ -367,16 +291,14 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
     host, _, port = a.listen.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")  # [::1]:8001
-    if not host or _whole_number(port, 1, 65535) is None:
+    if not host or whole_number(port, 1, 65535) is None:
         raise ConfigError(f"--listen must be HOST:PORT with a port from 1 to 65535, got {a.listen!r}")
 
     def listening(_: int) -> None:  # said once it listens: a refusal before that is the only line
         print(f"autotune: capturing {a.upstream} on http://{a.listen} into {a.out} (Ctrl-C stops)", file=sys.stderr)
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a capture ends
         run_capture(host, int(port), a.upstream, a.out, with_prompts=a.with_prompts, on_ready=listening)
-    except KeyboardInterrupt:
-        pass
     return EXIT_OK
 
 

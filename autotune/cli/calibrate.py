@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.cli import EXIT_OK
+from autotune.cli.conventions import EXIT_OK
 from autotune.errors import ConfigError
 
 __all__ = ["add_parser", "cmd_calibrate"]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.cli import EXIT_OK, EXIT_SLO_MISS
+from autotune.cli.conventions import EXIT_OK, EXIT_SLO_MISS
 from autotune.errors import ConfigError
 
 __all__ = ["cmd_daemon", "cmd_retune", "cmd_status", "cmd_history", "cmd_publish", "cmd_rollback"]

@@ -9,7 +9,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from autotune.cli import EXIT_OK, EXIT_SLO_MISS, SLO_HELP, _port, _stopped, _trial_count, default_engine_command
+from autotune.cli.conventions import (
+    EXIT_OK,
+    EXIT_SLO_MISS,
+    SLO_HELP,
+    default_engine_command,
+    port,
+    stopped,
+    trial_count,
+)
 from autotune.errors import ConfigError, Interrupted
 
 __all__ = ["add_parsers", "cmd_study", "cmd_init", "cmd_report", "cmd_dashboard"]
@@ -37,7 +45,7 @@ def _add_request(p: argparse.ArgumentParser, *, for_init: bool) -> None:
         "weights) into the Hugging Face cache when they are not there (huggingface_hub; HF_TOKEN applies)",
     )
     g.add_argument("--engine-cmd", help="engine command line prefix (default: 'vllm serve')")
-    g.add_argument("--port", type=_port, default=8100, help="staging engine port on localhost (default 8100)")
+    g.add_argument("--port", type=port, default=8100, help="staging engine port on localhost (default 8100)")
     p.add_argument(
         "--slo",
         action="append",
@@ -62,7 +70,7 @@ def add_parsers(sub) -> None:
     st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
     st.add_argument(
         "--dry-run",
-        type=_trial_count,
+        type=trial_count,
         nargs="?",
         const=5,
         metavar="N",
@@ -96,7 +104,7 @@ def add_parsers(sub) -> None:
         q.add_argument("--study-name")
         if name == "dashboard":
             q.add_argument("--host", default="127.0.0.1")
-            q.add_argument("--port", type=_port, default=8080)
+            q.add_argument("--port", type=port, default=8080)
         else:
             q.add_argument("--out", type=Path, help="HTML file (default: runs/<study>/report.html)")
 
@@ -273,7 +281,7 @@ def cmd_study(a: argparse.Namespace) -> int:
         except Interrupted as e:
             n = run.interrupted_trial(study)
             during = f" during trial {n} (recorded as failed)" if n is not None else ""
-            return _stopped(e, f"{during}; the engine was stopped. Rerun the same command to resume study {d.name}.")
+            return stopped(e, f"{during}; the engine was stopped. Rerun the same command to resume study {d.name}.")
     result = StudyResult.of(study)
     kind = d.command.engine_kind
     winner = None if result.pareto else result.winner

@@ -39,11 +39,12 @@ codes: 0 the engine starts and every ``--slo`` holds; 1 it would not start, or a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune.engine.flags import Flag, dest_of
 from autotune.engine.model import parse_bytes
@@ -111,7 +112,7 @@ def _bool_value(name: str, spelling: str) -> bool:
 class _Parser(argparse.ArgumentParser):
     one_line = False  # predict's usage errors: one line; serve keeps argparse's usage line (vLLM's format)
 
-    def error(self, message: str) -> None:  # argparse's own format: the launcher's classifier reads it
+    def error(self, message: str) -> NoReturn:  # argparse's own format: the launcher's classifier reads it
         if self.one_line:
             self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
         self.print_usage(sys.stderr)
@@ -141,10 +142,8 @@ def _add_flag(group: argparse._ArgumentGroup, flag: Flag) -> None:
         kw["nargs"] = "+"
     kw["type"] = conv
     if flag.choices:
-        try:
+        with contextlib.suppress(ValueError, TypeError):  # choices the type cannot read: left unchecked
             kw["choices"] = [conv(c) for c in flag.choices]
-        except (ValueError, TypeError):
-            pass
     group.add_argument(*spellings, **kw)
 
 
@@ -199,24 +198,17 @@ def build_parser(command: str = "serve") -> argparse.ArgumentParser:
 
 
 def _add_predict_options(p: argparse.ArgumentParser) -> None:
-    """``autotune bench``'s workload and replay flags (autotune/cli), less the two vLLM has (--seed, --tokenizer).
+    """``autotune bench``'s workload and replay flags (workload/options.py), less the two vLLM has (--seed,
+    --tokenizer) and --request-timeout (nothing runs in real time); its SLOs and its JSON outputs."""
+    from autotune.workload.options import add_arguments
 
-    Kept here as a copy, not imported: the simulator sits below the ``autotune`` CLI (tests/test_layout.py).
-    """
-    g = p.add_argument_group("workload (as autotune bench: a trace file or a synthetic scenario)")
-    g.add_argument("--workload", type=Path, help="trace: autotune JSONL, vllm bench custom JSONL, or ShareGPT JSON")
-    g.add_argument("--scenario", help="synthetic: chat, long-docs or high-concurrency")
-    g.add_argument("--rate", type=float, help="arrival rate in requests/s (synthetic, or files without arrival times)")
-    g.add_argument("--requests", type=int, default=200, help="number of requests (default 200)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson (default)")
-    g.add_argument("--prompt-tokens", help="override the scenario's prompt length: N or LO-HI")
-    g.add_argument("--output-tokens", help="scenario output length N or LO-HI; for a file, a fixed N")
-    g.add_argument("--prefix-tokens", help="override the scenario's shared prefix length: N or LO-HI")
-    g.add_argument("--api", choices=("completion", "chat"), help="force the API for every request")
-    r = p.add_argument_group("replay (as autotune bench), in virtual time")
-    r.add_argument("--load", type=float, default=1.0, help="multiply the arrival rate (default 1)")
-    r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
-    r.add_argument("--warmup", type=int, default=4, help="unmeasured warm-up requests (default 4)")
+    r = add_arguments(
+        p,
+        workload_title="workload (as autotune bench: a trace file or a synthetic scenario)",
+        replay_title="replay (as autotune bench), in virtual time",
+        seed_and_tokenizer=False,
+        request_timeout=False,
+    )
     r.add_argument(
         "--slo",
         action="append",
@@ -301,7 +293,6 @@ def _split_sim_prefix(argv: list[str]) -> tuple[str, list[str]]:
             parser.error(f"expected `serve` or `predict` before {tok!r} (usage: {USAGE})")
         i += 1
     parser.error("the following arguments are required: serve (or predict)")
-    raise AssertionError  # parser.error exits
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -319,10 +310,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             path, rest = args[i].split("=", 1)[1], args[:i] + args[i + 1 :]
         extra = _config_args(path, parser)
         # vLLM's order: the model, then the file's flags, then the command line's (which win)
-        if rest and not rest[0].startswith("-"):
-            args = rest[:1] + extra + rest[1:]
-        else:
-            args = extra + rest
+        args = rest[:1] + extra + rest[1:] if rest and not rest[0].startswith("-") else extra + rest
     ns = parser.parse_args(args)
     ns.command = command
     ns.model_tag = ns.model_tag or ns.model
@@ -345,24 +333,16 @@ def _fit_max_model_len(values: dict[str, Any], gpu: Any, shape: Any, used: int) 
     return max(block, min(top, s.plan.kv_tokens // block * block))
 
 
-PREDICT_KEYS = {
-    "command",
-    "workload",
-    "scenario",
-    "rate",
-    "requests",
-    "burstiness",
-    "prompt_tokens",
-    "output_tokens",
-    "prefix_tokens",
-    "api",
-    "load",
-    "max_concurrency",
-    "warmup",
-    "slo",
-    "json",
-    "requests_json",
-}
+PREDICT_OUTPUTS = {"command", "slo", "json", "requests_json"}
+SHARED_WITH_VLLM = {"seed", "tokenizer"}  # vLLM's flags, which predict's workload reads too
+
+
+def _sim_keys() -> set[str]:
+    """The namespace's keys that are not vLLM flags: the sim's own options and predict's."""
+    from autotune.workload.options import WorkloadOptions
+
+    own = {"gpu", "time_scale", "gpu_memory_used_by_others", "model_tag"}
+    return own | PREDICT_OUTPUTS | (WorkloadOptions.names() - SHARED_WITH_VLLM)
 
 
 def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | None:
@@ -376,7 +356,7 @@ def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | No
         print(f"OSError: {e.args[0]}", file=sys.stderr, flush=True)
         return None
     gpu = gpu_profile(ns.gpu)
-    sim_keys = {"gpu", "time_scale", "gpu_memory_used_by_others", "model_tag"} | PREDICT_KEYS
+    sim_keys = _sim_keys()
     values = {k: v for k, v in vars(ns).items() if v is not None and k not in sim_keys}
     if values.get("max_model_len") == -1:
         values["max_model_len"] = _fit_max_model_len(values, gpu, shape, ns.gpu_memory_used_by_others)
@@ -431,9 +411,14 @@ def _run_predict(ns: argparse.Namespace) -> int:
     from autotune.measure.slo import parse_slos
     from autotune.sim import predict
     from autotune.sim.text import TextCodec
+    from autotune.workload.options import WorkloadOptions
 
     slos = parse_slos(ns.slo)
-    spec = predict.workload_spec(ns)
+    # vLLM's --seed seeds the workload (0 when not given); vLLM's --tokenizer builds the prompts
+    options = WorkloadOptions.from_args(
+        ns, seed=0 if ns.seed is None else ns.seed, tokenizer=Path(ns.tokenizer) if ns.tokenizer else None
+    )
+    spec = predict.workload_spec(options, ns.model_tag)
     engine = _engine(ns)
     if engine is None:
         return 1
@@ -448,9 +433,9 @@ def _run_predict(ns: argparse.Namespace) -> int:
         config=config,
         used_by_others=ns.gpu_memory_used_by_others,
         tokenizer=TextCodec.find(ns.tokenizer, ns.model_tag),
-        load=ns.load,
-        max_concurrency=ns.max_concurrency,
-        warmup=ns.warmup,
+        load=options.load,
+        max_concurrency=options.max_concurrency,
+        warmup=options.warmup,
         slos=slos,
         vllm_args={k: v for k, v in values.items() if (k, v) not in (("host", HOST_DEFAULT), ("port", PORT_DEFAULT))},
     )

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -44,7 +43,6 @@ from typing import Any
 
 from autotune.engine.failures import Failure, LogWatch, classify_exit
 from autotune.engine.model import ModelShape, locate
-from autotune.errors import ConfigError
 from autotune.measure.metrics import RequestResult, summarize
 from autotune.measure.session import Outcome, Step
 from autotune.measure.slo import SLO
@@ -53,7 +51,8 @@ from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.text import TextCodec, chat_prompt
-from autotune.workload.source import WorkloadSpec, length_flags, load
+from autotune.workload.options import WorkloadOptions
+from autotune.workload.source import WorkloadSpec, load
 from autotune.workload.trace import SKIPPED_WHY, Workload
 
 __all__ = [
@@ -121,34 +120,10 @@ class Prediction:
         }
 
 
-def workload_spec(a: Any) -> WorkloadSpec:
-    """``autotune bench``'s workload flags as its WorkloadSpec (autotune/cli's ``_workload_spec``, with its checks).
-
-    ``a`` is predict's namespace: vLLM's ``--seed`` seeds the workload (0 when not given), vLLM's
-    ``--tokenizer`` builds the prompts (else MODEL, when it is a directory).
-    """
-    overrides, fixed_out = length_flags(a.prompt_tokens, a.prefix_tokens, a.output_tokens, a.workload is not None)
-    if a.requests < 1:
-        raise ConfigError("--requests must be at least 1")
-    if not (a.load > 0 and math.isfinite(a.load)):
-        raise ConfigError(f"--load must be a positive number, got {a.load}")
-    if a.max_concurrency is not None and a.max_concurrency < 1:
-        raise ConfigError("--max-concurrency must be at least 1")
-    if a.warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more requests, got {a.warmup}")
-    tokenizer = Path(a.tokenizer) if a.tokenizer else locate(a.model_tag).tokenizer  # where vLLM finds the model
-    return WorkloadSpec(
-        trace=a.workload,
-        scenario=a.scenario,
-        rate=a.rate,
-        num_requests=a.requests,
-        burstiness=a.burstiness,
-        seed=a.seed if a.seed is not None else 0,
-        overrides=overrides,
-        api=a.api,
-        output_tokens=fixed_out,
-        tokenizer=tokenizer,
-    )
+def workload_spec(options: WorkloadOptions, model: str) -> WorkloadSpec:
+    """The workload ``autotune bench`` would replay for these flags: ``--tokenizer`` builds the prompts,
+    else MODEL's own tokenizer where vLLM would find the model (a directory with tokenizer.json)."""
+    return options.spec(options.tokenizer or locate(model).tokenizer)
 
 
 def load_workload(spec: WorkloadSpec) -> Workload:
@@ -216,7 +191,7 @@ def predict(opts: PredictOptions, workload: Workload) -> Prediction:
         workload,
         requests=tuple(
             replace(r, output_tokens=max(1, min(r.output_tokens, mml - len(p)))) if len(p) < mml else r
-            for r, p in zip(workload.requests, ids)
+            for r, p in zip(workload.requests, ids, strict=True)
         ),
     )
     results = simulate(
