@@ -369,3 +369,29 @@ def test_vllm_sim_declares_its_gpu_and_knows_its_models():
     assert sim.shape("meta-llama/Llama-3.1-8B-Instruct").layers == 32
     assert sim.shape("no/such-model") is None
     assert get_kind("vllm").devices(["vllm", "serve"]) is None  # real vLLM: NVML decides
+
+
+def test_what_a_kind_knows_of_its_args_and_the_toy_has_no_advisor(toy, tmp_path):
+    """Engine knowledge the study reads through the kind (no flag name outside the engine package): vLLM's
+    names; the base class's neutral answers, which the toy keeps; the toy's study gets the do-nothing advisor."""
+    from autotune.study.advisor import Advisor
+    from autotune.study.records import Attr, TrialRecord
+    from autotune.study.runner import study_advisor
+    from autotune.workload.source import LoadSteps
+
+    vllm = get_kind("vllm")
+    assert vllm.gpus_per_engine({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}) == 8
+    assert vllm.gpus_per_engine({}) == 1 and toy.gpus_per_engine({"tensor_parallel_size": 4}) == 1
+    assert vllm.revision({"revision": 5}) == "5" and vllm.revision({}) is None and toy.revision({"revision": "x"}) is None
+    assert vllm.tokenizer({"tokenizer": "/t"}) == "/t" and toy.tokenizer({"tokenizer": "/t"}) is None
+    assert (vllm.memory_fraction, vllm.context_length) == ("gpu_memory_utilization", "max_model_len")
+    assert (toy.memory_fraction, toy.context_length, toy.advisor) == (None, None, None)
+    assert vllm.unsupported_choices("block_size", [16, 64], "cpu") == "block_size [16] is not supported on cpu; use [32, 64, 128]"
+    assert vllm.unsupported_choices("block_size", [64], "cpu") is None and vllm.unsupported_choices("x", [16], "cpu") is None
+    # a trial's GPU time counts each GPU its engine held, as the study recorded it
+    record = TrialRecord(0, TrialState.COMPLETE, {}, (1.0,), {Attr.TRIAL_WALL_S: 10.0, Attr.ENGINE_GPUS: 8})
+    assert record.gpu_s == 80.0
+
+    d = load_study(write_study(tmp_path))  # simulate_first is on by default: the toy names no advisor
+    advisor, why = study_advisor(d, LoadSteps(d.workload, d.objective.step_seconds))
+    assert type(advisor) is Advisor and not advisor.predicts and why == "toy has no advisor", why

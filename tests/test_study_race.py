@@ -463,6 +463,7 @@ def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_
         study.tell(trial, state=TrialState.PRUNED)  # what Optuna's optimize does with a TrialPruned
     first, second = study.trials
     assert len(ran) == 1  # one engine start for one config
+    assert first.user_attrs[Attr.ENGINE_GPUS] == 1  # what the kind says one engine of these args holds
     assert first.user_attrs[Attr.ENGINE_ARGS] == second.user_attrs[Attr.ENGINE_ARGS]
     assert Attr.SAME_CONFIG_AS not in first.user_attrs and second.user_attrs[Attr.SAME_CONFIG_AS] == 0
     assert second.user_attrs[Attr.FAILURE_CLASS] == "crashed" and second.user_attrs[Attr.CONSTRAINTS] == \

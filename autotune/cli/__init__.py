@@ -234,9 +234,8 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     )
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
-    revision = args.values.get("revision")
     # where vLLM would find the model: its tokenizer too
-    files = locate(a.model, None if revision is None else str(revision))
+    files = locate(a.model, command.engine_kind.revision(args.values))
     options = WorkloadOptions.from_args(a)  # the flags' numbers, checked before anything is read or started
     spec = options.spec(
         options.tokenizer or files.tokenizer,

@@ -173,7 +173,7 @@ def _render(a: argparse.Namespace) -> tuple[str, str]:
             "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
             file=sys.stderr,
         )
-    return study_name(req), validated(render_study(req, platform, space))
+    return study_name(req), validated(render_study(req, platform, space, kind.tokenizer_arg))
 
 
 def cmd_init(a: argparse.Namespace) -> int:

@@ -77,6 +77,8 @@ class EngineKind:
     memory_fraction: str | None = None
     # the arg that caps a request's tokens, prompt and answer (synthesized workloads fit it); None: no such arg
     context_length: str | None = None
+    tokenizer_arg: str | None = None  # the arg naming a tokenizer other than the model's
+    revision_arg: str | None = None  # the arg naming the model's revision
     # "module:function" building a study's advisor for this engine (study/advisor.py), imported on first use as a
     # kind is; None: no advisor, and every trial runs as the sampler chose it
     advisor: str | None = None
@@ -110,6 +112,24 @@ class EngineKind:
 
     def apply_rules(self, flags: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
         return flags
+
+    def revision(self, values: Mapping[str, Any]) -> str | None:
+        """The model revision these args ask for (a Hugging Face id resolves there); None: the default one."""
+        value = values.get(self.revision_arg) if self.revision_arg else None
+        return None if value is None else str(value)  # a string, as the command line gives it to the engine
+
+    def tokenizer(self, values: Mapping[str, Any]) -> str | None:
+        """The tokenizer these args name, where it is not the model's; None: the model's."""
+        value = values.get(self.tokenizer_arg) if self.tokenizer_arg else None
+        return None if value is None else str(value)
+
+    def unsupported_choices(self, key: str, choices: Sequence[Any], platform: str) -> str | None:
+        """Why a search over these ``choices`` of ``key`` cannot run on ``platform`` (None: it can)."""
+        sizes = self.block_sizes(platform)
+        if key != "block_size" or sizes is None:
+            return None
+        bad = [c for c in choices if c not in sizes]
+        return f"block_size {bad} is not supported on {platform}; use {list(sizes)}" if bad else None
 
     def gpus_per_engine(self, values: Mapping[str, Any]) -> int:
         """The GPUs one engine started with these args holds: a study's GPU time counts each."""

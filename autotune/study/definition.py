@@ -107,7 +107,7 @@ class StudyDefinition:
 
     def model_files(self) -> ModelFiles:
         """Where the model's files are, found as vLLM finds them (at the engine's revision)."""
-        return locate(self.command.model, _revision(self.fixed.values))
+        return locate(self.command.model, self.command.engine_kind.revision(self.fixed.values))
 
     def with_overrides(
         self,
@@ -205,8 +205,8 @@ def load_study(
         seed=wl.integer("seed", 0),
         overrides=overrides,
         api=wl.string("api", None, choices=("completion", "chat")),
-        tokenizer=_tokenizer(wl.string("tokenizer", None), fixed.values, model),
-        no_tokenizer=_no_tokenizer(model, _revision(fixed.values), where),
+        tokenizer=_tokenizer(wl.string("tokenizer", None), kind, fixed.values, model),
+        no_tokenizer=_no_tokenizer(model, kind.revision(fixed.values), where),
     )
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
@@ -324,19 +324,13 @@ def _baselines(bl: Table, searched: tuple[Param, ...], kind: EngineKind) -> tupl
     return tuple(b for _, b in named)
 
 
-def _revision(engine_args: Mapping[str, Value]) -> str | None:
-    """The engine's --revision as vLLM reads it (a string: the command line's), None when not set."""
-    revision = engine_args.get("revision")
-    return None if revision is None else str(revision)
-
-
-def _tokenizer(given: str | None, engine_args: Mapping[str, Value], model: str) -> Path | None:
-    """Prompts are built with the tokenizer the engine counts with: the workload's, else vLLM's --tokenizer, else
-    the model's (a directory, or the Hugging Face cache at the engine's revision)."""
-    for candidate in (given, engine_args.get("tokenizer")):
-        if candidate and Path(str(candidate)).exists():
-            return Path(str(candidate))
-    return locate(model, _revision(engine_args)).tokenizer
+def _tokenizer(given: str | None, kind: EngineKind, engine_args: Mapping[str, Value], model: str) -> Path | None:
+    """Prompts are built with the tokenizer the engine counts with: the workload's, else the one the engine args
+    name, else the model's (a directory, or the Hugging Face cache at the engine's revision)."""
+    for candidate in (given, kind.tokenizer(engine_args)):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    return locate(model, kind.revision(engine_args)).tokenizer
 
 
 def _no_tokenizer(model: str, revision: str | None, where: str) -> str:

@@ -189,11 +189,9 @@ class Space:
                 dep = next((q for q in self.params if q.name == p.when), None)
                 if dep is None or dep.kind != "bool":
                     raise ConfigError(f"space parameter {p.name!r}: when = {p.when!r} must name a bool parameter")
-            sizes = self.engine.block_sizes(self.platform)
-            if p.name == "block_size" and p.kind == "categorical" and sizes is not None:
-                bad = [c for c in p.choices if c not in sizes]
-                if bad:
-                    raise ConfigError(f"block_size {bad} is not supported on {self.platform}; use {list(sizes)}")
+            why = self.engine.unsupported_choices(p.name, p.choices, self.platform) if p.kind == "categorical" else None
+            if why is not None:
+                raise ConfigError(why)
             if not p.env and p.name in self.fixed.values:
                 raise ConfigError(f"{p.name!r} is both a fixed engine arg and a search parameter; keep one")
         if len(names) != len(self.params):

@@ -106,7 +106,9 @@ def _abs(path: Path | str) -> str:
     return str(Path(path).resolve())
 
 
-def render_study(req: StudyRequest, platform: Platform, default_space: dict[str, dict[str, Any]]) -> str:
+def render_study(
+    req: StudyRequest, platform: Platform, default_space: dict[str, dict[str, Any]], tokenizer_arg: str | None
+) -> str:
     """The study file, every line a person may want to change commented.
 
     Paths are absolute, so the file reruns the same study from any directory.
@@ -152,8 +154,8 @@ def render_study(req: StudyRequest, platform: Platform, default_space: dict[str,
             f"count = {len(platform.gpus)}",
         ]
     fixed = dict(req.extra_args)
-    if req.tokenizer is not None and not local:
-        fixed.setdefault("tokenizer", _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
+    if req.tokenizer is not None and not local and tokenizer_arg is not None:
+        fixed.setdefault(tokenizer_arg, _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
     out += ["", "[engine.args]                  # fixed for every trial: the search never changes these"]
     out += [f"{k} = {_toml_value(v)}" for k, v in fixed.items()] or ["# max_model_len = 8192"]
 

@@ -27,6 +27,8 @@ class VllmKind(EngineKind):
     baselines = defaults.BASELINES
     memory_fraction = "gpu_memory_utilization"
     context_length = "max_model_len"
+    tokenizer_arg = "tokenizer"
+    revision_arg = "revision"
     advisor = "autotune.sim.advisor:learning_simulator"  # vllm-sim, refitted to this host as trials measure
 
     def matches(self, command: Sequence[str]) -> bool:
