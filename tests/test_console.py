@@ -57,7 +57,7 @@ def test_no_load_meeting_the_slos_says_how_the_lowest_load_missed():
 
 
 def test_the_footer_counts_finished_trials_and_extrapolates_what_is_left():
-    pruned = record(1, TrialState.PRUNED, {"failure_class": "oom", "trial_wall_s": 35.0,
+    pruned = record(1, TrialState.PRUNED, {"failure_class": "oom", "trial_wall_s": 35.0, "engine_gpus": 2,
                                            "engine_args": {"values": {"tensor_parallel_size": 2}, "env": {}}})
     result = StudyResult([DEFAULTS, pruned], pareto=False, remeasurement=None, best_number=0)
     p = Progress.of(result, budget=6, gpu=True)
