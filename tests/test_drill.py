@@ -1,7 +1,7 @@
-"""scripts/drill_daemon.py --short: the operator's drill of the daemon, its short form (issue 30, item 8).
+"""scripts/drill_daemon.py --short: the operator's drill of the daemon, its short form.
 
 Real nginx with the shipped snippet in front of blue/green vllm-sim, the daemon as its own process, users
-streaming through nginx: steady traffic, a surge past capacity that the tuning must imitate at 80 % of the
+streaming through nginx: steady traffic, a surge past capacity that the tuning must imitate at 75 % of the
 offered rate at least, SIGTERM mid-tuning (exit 0, no staging engine left), a kill -9 of the serving color (one
 journal line naming it), and a proxy config nginx rejects. The full drill (approve, rollback, reload, kill -9 of
 the daemon during a canary and after a switch) takes about ten minutes and runs by hand; docs/daemon.md has its
