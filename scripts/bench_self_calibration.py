@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import optuna
 import tomli_w
 
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.sim.advisor import MAX_REQUESTS, measured_steps  # noqa: E402
 from autotune.sim.calibrate import calibrate  # noqa: E402
+from autotune.sim.fit import spearman  # noqa: E402
 from autotune.sim.perf import API_SERVER  # noqa: E402
 from autotune.sim.profiles import GPUS  # noqa: E402
 from autotune.sim.rank import SpaceSimulator  # noqa: E402
@@ -84,28 +84,6 @@ def study_text(runs: Path, model: Path, port: int) -> str:
             "baselines": {"builtin": [], "extra": [{"name": n, "values": v} for n, v in CONFIGS.items()]},
             "remeasure": {"top": 0},
         })
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation, ties given their average rank."""
-
-    def ranks(x: list[float]) -> np.ndarray:
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x))
-        xs = np.asarray(x)[order]
-        i = 0
-        while i < len(x):
-            j = i
-            while j + 1 < len(x) and xs[j + 1] == xs[i]:
-                j += 1
-            r[order[i:j + 1]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def measure(study_file: Path) -> None:

@@ -58,6 +58,10 @@ from autotune.sim.startup import GiB, plan_startup  # noqa: E402
 from autotune.workload.trace import Request, Workload  # noqa: E402
 
 CALIBRATION = ROOT / "bench" / "sim_calibration.toml"
+GROUPS = ROOT / "bench" / "public_groups.toml"  # public per-config groups, every point held out (public_groups.md)
+REGIMES = ("low-load", "kv-bound", "prefill-heavy", "short-burst", "throughput", "tp-scaling")
+REGIME_METRICS = ("thr", "ttft_p50", "tpot_p50", "e2e")  # a regime's error: the median over these cells
+KNOB_TARGETS = (1.15, 1.5)  # predicted best/worst ratio within 1.15x of the measured at the median, 1.5x at worst
 # table columns: (key, header); the targets of issue 9 are on thr, ttft, tpot and e2e
 METRICS = (("thr", "thr"), ("ttft_p50", "TTFT p50"), ("ttft_mean", "TTFT mean"), ("tpot_p50", "TPOT p50"),
            ("tpot_mean", "TPOT mean"), ("itl_p50", "ITL p50"), ("e2e", "E2E"), ("kv_gib", "KV GiB"))
@@ -74,6 +78,8 @@ class Row:
     model: str
     kind: str
     split: str
+    regime: str = ""
+    group: str = ""  # the public per-config group the point belongs to (bench/public_groups.toml), if any
     note: str = ""  # why the point is not modelled, or a caveat of the reproduction
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> (measured, predicted)
     kv_tokens: int | None = None  # the sim's KV pool, for the notes
@@ -91,6 +97,21 @@ class Row:
 
 def load_points(path: Path = CALIBRATION) -> list[dict[str, Any]]:
     return tomllib.loads(path.read_text())["point"]
+
+
+def regime_of(point: dict[str, Any]) -> str:
+    """The regime a point tests: the set's own ``regime`` where it names one, else from its kind and workload
+    (long random prompts: prefill-heavy; short random prompts sent at once: a short-request burst)."""
+    if point.get("regime"):
+        return str(point["regime"])
+    w = point["workload"]
+    if point["kind"] == "low-load":
+        return "low-load"
+    if w.get("dataset") == "random" and int(w.get("input_len", 0)) >= 2000:
+        return "prefill-heavy"
+    if w.get("dataset") == "random" and int(w.get("input_len", 0)) <= 256:
+        return "short-burst"
+    return str(point["kind"])
 
 
 def split_of(point: dict[str, Any]) -> str:
@@ -169,6 +190,10 @@ def _estimated_max_len(lines: tuple[str, ...]) -> int | None:
 
 
 def _unsupported(point: dict[str, Any]) -> str | None:
+    from autotune.sim.config import unmodelled
+
+    if point.get("moe"):
+        return "mixture-of-experts model: no MoE model"
     if point["gpu"] not in GPUS:
         return f"GPU {point['gpu']!r} has no vllm-sim profile"
     if any(q.lower() in point["model"].lower() for q in QUANTIZED):
@@ -177,13 +202,15 @@ def _unsupported(point: dict[str, Any]) -> str | None:
         model_shape(point["model"])
     except KeyError:
         return f"model {point['model']!r} has no shape"
-    return None
+    ignored = unmodelled(point.get("engine_args") or {})
+    return f"not modelled: {', '.join(ignored)}" if ignored else None
 
 
 def run_point(point: dict[str, Any], gpus: dict[str, GpuProfile] | None = None,
               front_end: FrontEnd | None = None, eras: bool = True) -> Row:
     """Predict one point; ``gpus`` and ``front_end`` override the simulator's own (a fit's candidates)."""
-    row = Row(point["id"], point["gpu"], point["model"].split("/")[-1], point["kind"], split_of(point))
+    row = Row(point["id"], point["gpu"], point["model"].split("/")[-1], point["kind"], split_of(point),
+              regime_of(point), point.get("group", ""))
     why = _unsupported(point)
     if why:
         row.note = why
@@ -300,6 +327,80 @@ def table(rows: list[Row], title: str) -> str:
     return "\n".join(lines)
 
 
+def regime_errors(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per regime, the held-out points' median absolute error over their REGIME_METRICS cells, and the worst cell."""
+    out: dict[str, dict[str, Any]] = {}
+    for regime in REGIMES:
+        sel = [r for r in rows if r.regime == regime and r.split == "held-out" and r.modelled]
+        cells = [(e, r.id, k) for r in sel for k in REGIME_METRICS if (e := r.ape(k)) is not None]
+        if cells:
+            worst = max(cells)
+            out[regime] = {"points": len(sel), "cells": len(cells),
+                           "mdape": statistics.median(e for e, _, _ in cells), "worst": worst}
+    return out
+
+
+def regime_table(rows: list[Row]) -> str:
+    lines = ["## held-out error per regime (median absolute error over each point's "
+             f"{', '.join(REGIME_METRICS)} cells; target: no regime above 25 %)",
+             "| regime | points | cells | median error | worst cell |", "|---|---|---|---|---|"]
+    for regime, e in regime_errors(rows).items():
+        w = e["worst"]
+        lines.append(f"| {regime} | {e['points']} | {e['cells']} | {e['mdape']:.0%} | {w[0]:.0%} ({w[1]}, {w[2]}) |")
+    return "\n".join(lines)
+
+
+def knob_effects(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per public group (bench/public_groups.toml): the ratio of its best config's throughput to its worst's,
+    measured and predicted, Spearman of the predicted vs measured throughput, and where the predicted best
+    config's measured throughput stands against the measured best (the regret of simulating first). A group
+    with a point the simulator cannot express is listed with the reason."""
+    from autotune.sim.fit import spearman
+
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.group:
+            groups.setdefault(r.group, []).append(r)
+    out = []
+    for name, rs in groups.items():
+        g: dict[str, Any] = {"group": name, "configs": len(rs), "gpu": rs[0].gpu, "model": rs[0].model}
+        missing = [r for r in rs if "thr" not in r.values]
+        if missing:
+            g["note"] = missing[0].note or "no throughput predicted"
+            out.append(g)
+            continue
+        measured = [r.values["thr"][0] for r in rs]
+        predicted = [r.values["thr"][1] for r in rs]
+        g["measured_ratio"] = max(measured) / min(measured)
+        g["predicted_ratio"] = max(predicted) / min(predicted)
+        g["off_by"] = max(g["predicted_ratio"] / g["measured_ratio"], g["measured_ratio"] / g["predicted_ratio"])
+        g["spearman"] = spearman(predicted, measured)
+        g["first_pick_share"] = measured[predicted.index(max(predicted))] / max(measured)
+        out.append(g)
+    return out
+
+
+def knob_table(rows: list[Row]) -> str:
+    effects = knob_effects(rows)
+    lines = [f"## knob effects: public per-config groups (best/worst throughput; target: within {KNOB_TARGETS[0]}x "
+             f"at the median, {KNOB_TARGETS[1]}x at worst)",
+             "| group | GPU | model | configs | measured best/worst | predicted | off by | Spearman | first pick "
+             "(share of the measured best) | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for g in effects:
+        if "off_by" in g:
+            lines.append(f"| {g['group']} | {g['gpu']} | {g['model']} | {g['configs']} | {g['measured_ratio']:.2f} | "
+                         f"{g['predicted_ratio']:.2f} | {g['off_by']:.2f}x | {g['spearman']:+.2f} | "
+                         f"{g['first_pick_share']:.0%} | |")
+        else:
+            lines.append(f"| {g['group']} | {g['gpu']} | {g['model']} | {g['configs']} | | | | | | {g['note']} |")
+    scored = [g["off_by"] for g in effects if "off_by" in g]
+    if scored:
+        lines.append("")
+        lines.append(f"{len(scored)} of {len(effects)} groups expressible; knob effect off by "
+                     f"{statistics.median(scored):.2f}x at the median, {max(scored):.2f}x at worst")
+    return "\n".join(lines)
+
+
 def summary_json(rows: list[Row]) -> dict[str, Any]:
     out: dict[str, Any] = {"points": [], "mdape": {}}
     for r in rows:
@@ -310,6 +411,8 @@ def summary_json(rows: list[Row]) -> dict[str, Any]:
     for part in ("fit", "held-out", "all"):
         sel = [r for r in rows if part == "all" or r.split == part]
         out["mdape"][part] = {k: mdape(sel, k) for k, _ in METRICS}
+    out["regimes"] = {k: {**v, "worst": list(v["worst"])} for k, v in regime_errors(rows).items()}
+    out["knob_effects"] = knob_effects(rows)
     return out
 
 
@@ -337,8 +440,10 @@ def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[
     return fit(loss, {k: getattr(base, k) for k in bounds}, bounds, points=points_per_round, rounds=rounds)
 
 
-FRONT_END_BOUNDS = {"latency_s": (0.0, 0.1), "request_s": (0.0, 0.1), "prompt_token_s": (0.0, 20e-6),
-                    "output_token_s": (0.0, 200e-6)}
+# the API server's per-request and per-token CPU costs are measured (scripts/bench_front_end.py, perf.API_SERVER):
+# what is left to fit is how much faster a GPU host's core runs them, and the path outside that process (client,
+# socket, the hop to the engine core)
+FRONT_END_BOUNDS = {"latency_s": (0.0, 0.1), "host_speed": (0.5, 4.0)}
 FRONT_END_METRICS = ("ttft_p50", "ttft_mean", "thr", "tpot_p50", "e2e")
 
 
@@ -347,15 +452,20 @@ def fit_front_end(points: list[dict[str, Any]], gpus: dict[str, GpuProfile] | No
                   rounds: int = 3) -> tuple[dict[str, float], float]:
     """The API server's constants (perf.FrontEnd), fitted on ``points`` that went through it (V1 era)."""
     from autotune.sim.fit import fit, log_loss
-    from autotune.sim.perf import API_SERVER
+    from autotune.sim.perf import API_SERVER, MEASURED_API_SERVER
 
     mine = [p for p in points if p["kind"] != "startup" and not _unsupported(p) and p["era"] == "v1"
             and p["workload"].get("endpoint")]
+
+    def front_end(c: dict[str, float]) -> FrontEnd:
+        m, speed = MEASURED_API_SERVER, c["host_speed"]
+        return FrontEnd(m.request_s / speed, m.prompt_token_s / speed, m.output_token_s / speed, c["latency_s"])
+
     def loss(c: dict[str, float]) -> float:
-        rows = run(mine, gpus, FrontEnd(**c))
+        rows = run(mine, gpus, front_end(c))
         return log_loss(r.values[k] for r in rows for k in metrics if k in r.values)
 
-    start = {k: getattr(API_SERVER, k) for k in FRONT_END_BOUNDS}
+    start = {"latency_s": API_SERVER.latency_s, "host_speed": 1.0}
     return fit(loss, start, FRONT_END_BOUNDS, points=points_per_round, rounds=rounds)
 
 
@@ -365,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", help="comma-separated point ids (default: every point of the split)")
     ap.add_argument("--json", type=Path, help="write the rows and the error medians here")
     ap.add_argument("--calibration", type=Path, default=CALIBRATION)
+    ap.add_argument("--groups", type=Path, default=GROUPS,
+                    help="public per-config groups, all held out (default bench/public_groups.toml; '' for none)")
     ap.add_argument("--baseline", action="store_true",
                     help="the \"before\" figure: the pre-calibration constants (one global 0.85/0.70 efficiency, "
                          "8 us all-reduce, no API-server costs, no era switch)")
@@ -380,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="what-if: run the points the set puts on PROFILE on OTHER instead (e.g. "
                          "h100-80gb=h100-pcie-80gb when a source does not say which variant); the notes say so")
     a = ap.parse_args(argv)
-    points = load_points(a.calibration)
+    points = load_points(a.calibration) + (load_points(a.groups) if str(a.groups) not in ("", ".") else [])
     if a.points:
         wanted = [x.strip() for x in a.points.split(",") if x.strip()]
         unknown = sorted(set(wanted) - {p["id"] for p in points})
@@ -423,10 +535,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = run(points)
     for part in ("fit", "held-out"):
-        sel = [r for r in rows if r.split == part]
+        # a group's points the simulator cannot express are listed below, its fit-part points are the set's own
+        sel = [r for r in rows if r.split == part and (not r.group or (r.modelled and part == "held-out"))]
         if sel:
             print(table(sel, part))
             print()
+    print(regime_table(rows))
+    print()
+    print(knob_table(rows))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(summary_json(rows), indent=1) + "\n")

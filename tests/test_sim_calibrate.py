@@ -154,6 +154,27 @@ def test_a_cpu_study_simulates_first_only_once_this_host_is_calibrated(tmp_path,
     assert advisor.sim.one({"max_num_seqs": 8, "VLLM_CPU_KVCACHE_SPACE": 1}).kv_cache_tokens < 1 << 20  # 1 GiB
 
 
+def test_a_study_whose_engine_args_the_simulator_does_not_model_does_not_simulate_first(tmp_path, monkeypatch,
+                                                                                         tiny_model):
+    from dataclasses import replace
+
+    from autotune.sim.advisor import learning_simulator
+    from autotune.study.definition import load_study
+    from autotune.study.runner import advisor_target
+    from autotune.workload.source import LoadSteps
+
+    monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path))
+    d = load_study(example_study("tiny-cpu-chat", tiny_model, tmp_path), default_platform="cpu")
+    cal.save(cal.Calibration("cpu", str(tiny_model), {"host_step_s": 0.02}, 1.0, 0.2, 9, [0, 1, 2], "earlier"), tmp_path)
+    target = advisor_target(d, LoadSteps(d.workload, d.objective.step_seconds))
+    assert learning_simulator(target)[0].predicts
+    advisor, why = learning_simulator(replace(target, fixed={**target.fixed, "quantization": "fp8"}))
+    assert not advisor.predicts and why == "vllm-sim does not model --quantization fp8"
+    advisor, why = learning_simulator(replace(target, varied=target.varied | {"pipeline_parallel_size"}))
+    assert not advisor.predicts and why == "vllm-sim does not model --pipeline-parallel-size"
+    assert learning_simulator(replace(target, fixed={**target.fixed, "pipeline_parallel_size": 1}))[0].predicts
+
+
 def test_calibrate_fits_a_studys_trials_and_the_next_study_predicts_with_it(tmp_path, tiny_model):
     """`autotune study` on vllm-sim (an A10 profile), `autotune calibrate` on its trials, then a second study on
     the same GPU and model: it says it simulates first with this host's fit, and records predictions."""

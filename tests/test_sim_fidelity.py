@@ -33,7 +33,7 @@ def test_the_script_reproduces_two_points_and_prints_the_table(tmp_path):
     for text in (low_load, quantized, "no quantized-kernel model", "TTFT p50", "TPOT p50",
                  "median absolute error, fit: thr "):
         assert text in r.stdout, text
-    assert "## held-out" not in r.stdout  # both points are in the fit part
+    assert "## held-out (" not in r.stdout  # both points are in the fit part
     d = json.loads(out.read_text())
     rows = {p["id"]: p for p in d["points"]}
     assert rows[quantized]["modelled"] is False
@@ -43,6 +43,27 @@ def test_the_script_reproduces_two_points_and_prints_the_table(tmp_path):
         assert v[metric]["predicted"] > 0 and v[metric]["ratio"] == pytest.approx(
             v[metric]["predicted"] / v[metric]["measured"])
     assert d["mdape"]["fit"]["thr"] == pytest.approx(abs(v["thr"]["ratio"] - 1))
+
+
+def test_a_public_group_is_scored_on_its_knob_effect_and_its_points_on_their_regime(tmp_path):
+    """Lambda's Llama-3-8B on 1-8 H100s (bench/public_groups.toml): the group's best/worst throughput measured and
+    predicted, the ranking, and the held-out points' error in the tp-scaling regime; the TP-1 run is the
+    calibration set's own fit point, so it counts in the group but not among the held-out points."""
+    out = tmp_path / "groups.json"
+    ids = ",".join(f"lambda-llama3-8b-h100-sharegpt320-tp-tp{n}" for n in (1, 2, 4, 8))
+    r = subprocess.run([sys.executable, str(SCRIPT), "--points", ids, "--json", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(out.read_text())
+    (g,) = d["knob_effects"]
+    thr = {p["id"][-3:]: p["values"]["thr"] for p in d["points"]}
+    assert g["configs"] == 4 and g["measured_ratio"] == pytest.approx(10242.68041198695 / 6026.61)  # copied
+    assert g["predicted_ratio"] == pytest.approx(max(v["predicted"] for v in thr.values())
+                                                 / min(v["predicted"] for v in thr.values()))
+    assert -1 <= g["spearman"] <= 1 and 0 < g["first_pick_share"] <= 1
+    assert d["regimes"]["tp-scaling"]["points"] == 3  # tp2, tp4, tp8: held out
+    assert "| lambda-llama3-8b-h100-sharegpt320-tp | h100-80gb |" in r.stdout
+    assert "| tp-scaling | 3 |" in r.stdout
 
 
 def test_the_script_refuses_unknown_points():

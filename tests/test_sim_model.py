@@ -702,3 +702,47 @@ def test_capacity_drops_with_few_sequences():
     cap_8, rate_8 = capacity(start_8b(max_num_seqs=8), base.scaled, slos, resolution=1.1)
     assert 0 < cap_8 < cap_default
     assert 0 < rate_8 < rate_default
+
+
+def _burst_seconds(gpu_name: str, workload, front_end, **flags) -> tuple[float, int]:
+    """The virtual seconds until the last request of ``workload`` ends, and the tokens the engine computed."""
+    from autotune.sim.perf import FrontEnd
+
+    gpu, shape = gpu_profile(gpu_name), model_shape("llama-3.1-8b")
+    engine = SimEngine.start(shape, gpu, SimConfig.from_args(flags, gpu, shape), front_end=front_end or FrontEnd())
+    computed: list[int] = []
+    results = simulate(engine, workload, on_step=lambda _, n: computed.append(n))
+    assert all(r.success for r in results)
+    return max(r.sent_s + r.e2e for r in results), sum(computed)
+
+
+def test_preemption_by_recompute_pays_the_prefill_again():
+    """Two prompts that fit a KV cache together but outgrow it as they decode: the later is preempted and computes
+    its prompt (and the tokens it had produced) a second time, which a cache with room never does."""
+    from autotune.workload.trace import Request as Sent, Workload
+
+    per_token = model_shape("llama-3.1-8b").kv_bytes_per_token()
+    two = Workload((Sent(0.0, 1500, prompt_tokens=2000), Sent(0.0, 1500, prompt_tokens=2000)), "two long requests")
+    flags = {"enable_prefix_caching": False, "max_model_len": 4096}
+    roomy_s, roomy_tokens = _burst_seconds("h100-80gb", two, None, kv_cache_memory_bytes=20_000 * per_token, **flags)
+    tight_s, tight_tokens = _burst_seconds("h100-80gb", two, None, kv_cache_memory_bytes=5_000 * per_token, **flags)
+    assert roomy_tokens == 2 * (2000 + 1500 - 1)  # each prompt once, each output token but the last sampled one
+    assert tight_tokens - roomy_tokens >= 2000  # at least one prompt computed again
+    assert tight_s > roomy_s
+
+
+def test_the_api_servers_cost_per_request_makes_a_burst_of_short_requests_gpu_independent():
+    """A thousand 16-token prompts, one output token each, sent at once: an A100 computes them ~3x slower than an
+    H100, yet the burst takes about as long on both, paced by the API server's serial cost per request
+    (perf.API_SERVER, measured by scripts/bench_front_end.py), as public short-request bursts are."""
+    from autotune.sim.perf import API_SERVER
+    from autotune.workload.trace import Request as Sent, Workload
+
+    burst = Workload(tuple(Sent(0.0, 1, prompt_tokens=16) for _ in range(1000)), "short burst")
+    engine_h100, _ = _burst_seconds("h100-80gb", burst, None)
+    engine_a100, _ = _burst_seconds("a100-80gb", burst, None)
+    served_h100, _ = _burst_seconds("h100-80gb", burst, API_SERVER)
+    served_a100, _ = _burst_seconds("a100-80gb", burst, API_SERVER)
+    assert engine_a100 > 2 * engine_h100  # the engines alone differ
+    assert served_a100 < 1.1 * served_h100  # the API server sets the pace
+    assert served_h100 >= 1000 * API_SERVER.request_s

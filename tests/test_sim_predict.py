@@ -105,7 +105,6 @@ def test_a_config_vllm_refuses_is_invalid_args(tmp_path):
 @pytest.mark.parametrize("args,says", [
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["llama-3.1-8b", "--rate", "4"], "give a workload"),
-    (["llama-3.1-8b", "--scenario", "chat", "--rate", "4"], "pass --tokenizer DIR"),
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "0", "--tokenizer", "models/tiny-llama"], "must be positive"),
     (["llama-3.1-8b", "--scenario", "chats", "--rate", "4"], "unknown scenario 'chats'"),
     (["llama-3.1-8b", "--workload", "no/such.jsonl"], "does not exist"),
@@ -116,6 +115,10 @@ def test_a_config_vllm_refuses_is_invalid_args(tmp_path):
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--request-timeout", "5"], "unrecognized arguments"),
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--slo", "ttft<<1"], "SLO"),
     (["--scenario", "chat", "--rate", "4"], "required: MODEL"),
+    (["llama-3.1-70b", "--quantization", "fp8", "--scenario", "chat", "--rate", "4"],
+     "vllm-sim does not model --quantization fp8"),
+    (["llama-3.1-8b", "-pp", "2", "--speculative-config", '{"method": "ngram"}', "--scenario", "chat", "--rate", "4"],
+     "does not model --pipeline-parallel-size 2, --speculative-config"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, says):
     r = predict("predict", *args)
@@ -123,6 +126,42 @@ def test_bad_usage_is_one_line_and_exit_2(args, says):
     assert r.stdout == ""
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("vllm-sim predict: error: ") and says in lines[0], r.stderr
+
+
+def test_a_built_in_model_needs_no_tokenizer_and_a_70b_on_an_a10_is_vllms_oom(capsys):
+    """Token counts are all the simulator needs: the scenario's lengths and prefix groups, no prompt text."""
+    assert cli.main(["--gpu", "h100-80gb", "predict", "llama-3.1-8b", "--scenario", "chat", "--rate", "4",
+                     "--requests", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert "request throughput" in out and "TTFT" in out and err == ""
+    assert cli.main(["--gpu", "a10-24gb", "predict", "meta-llama/Llama-3.1-70B-Instruct", "--scenario", "chat",
+                     "--rate", "4", "--requests", "12"]) == 1
+    out, err = capsys.readouterr()
+    assert "torch.OutOfMemoryError: CUDA out of memory" in out
+    assert err.splitlines()[-1].startswith("vllm-sim predict: the engine would not start (oom)")
+
+
+def test_a_model_directory_without_a_tokenizer_says_so_once(tmp_path, capsys):
+    from autotune.sim.profiles import write_model_dir
+
+    model = write_model_dir("llama-3.1-8b", tmp_path / "llama")
+    assert cli.main(["predict", str(model), "--scenario", "chat", "--rate", "4", "--requests", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert "request throughput" in out
+    assert err.count("\n") == 1 and "has no tokenizer.json: prompts are the workload's token counts" in err
+
+
+def test_a_workload_file_is_replayed_whole_unless_requests_says_otherwise(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {0.01 * i:.2f}, "prompt_tokens": 64, "output_tokens": 4}}\n'
+                             for i in range(250)))
+    for extra, n in (([], 250), (["--requests", "30"], 30)):
+        out_json = tmp_path / f"{n}.json"
+        assert cli.main(["predict", "llama-3.1-8b", "--workload", str(trace), "--warmup", "0", *extra,
+                         "--json", str(out_json)]) == 0
+        err = capsys.readouterr().err
+        assert f"replaying {n} requests" in err
+        assert json.loads(out_json.read_text())["metrics"]["requests"] == n
 
 
 def test_serve_and_predict_share_one_command_line():

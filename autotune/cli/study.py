@@ -266,11 +266,13 @@ def cmd_study(a: argparse.Namespace) -> int:
         d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda", json_lines=a.json_lines
     ) as view:
         study = open_study(d)
-        advisor, _ = study_advisor(d, steps)
+        advisor, why_not = study_advisor(d, steps)
         run = StudyRun(d, table, steps, show=view.show, notice=view.notice, advisor=advisor)
         view.notice(d.model_files().found)
         if advisor.predicts:
             view.notice(f"simulating first with {advisor.describe}")
+        elif why_not and d.objective.simulate_first:
+            view.notice(f"not simulating first: {why_not}")
         run.callbacks = [lambda study, trial: view.trial_done(TrialRecord.of(trial), StudyResult.of(study))]
         try:
             run.optimize(study)

@@ -408,8 +408,10 @@ def _predict(ns: argparse.Namespace) -> int:
 
 
 def _run_predict(ns: argparse.Namespace) -> int:
+    from autotune.errors import ConfigError
     from autotune.measure.slo import parse_slos
     from autotune.sim import predict
+    from autotune.sim.config import unmodelled
     from autotune.sim.text import TextCodec
     from autotune.workload.options import WorkloadOptions
 
@@ -423,7 +425,13 @@ def _run_predict(ns: argparse.Namespace) -> int:
     if engine is None:
         return 1
     shape, gpu, values, config = engine
-    workload = predict.load_workload(spec)
+    ignored = unmodelled(values)
+    if ignored:
+        raise ConfigError(
+            f"vllm-sim does not model {', '.join(ignored)}: its prediction would be the answer without it; "
+            "predict without it, or measure it on the GPU (autotune bench)"
+        )
+    workload = predict.load_workload(spec, ns.model_tag)
     opts = predict.PredictOptions(
         model=ns.model_tag,
         served_name=(ns.served_model_name or [ns.model_tag])[0],

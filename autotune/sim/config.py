@@ -1,7 +1,10 @@
 """The engine args that vllm-sim models, with vLLM 0.33's defaults for the simulated device.
 
-Every other `vllm serve` flag is accepted (the CLI checks it against vLLM's flag table) and
-has no effect on the simulation.
+Every other `vllm serve` flag is accepted (the CLI checks it against vLLM's flag table). Those that
+leave speed and memory alone (ports, logging, the served name) have no effect on the simulation; those
+that change them and are not modelled (``UNMODELLED``: quantized weights, pipeline and data
+parallelism, speculative decoding, ...) are named by ``unmodelled``: ``vllm-sim predict`` refuses them,
+``vllm-sim serve`` logs a warning, and a study does not simulate first.
 """
 
 from __future__ import annotations
@@ -14,7 +17,24 @@ from autotune.engine.model import ModelShape, parse_bytes
 from autotune.engine.vllm.defaults import default_batching
 from autotune.sim.profiles import GpuProfile
 
-__all__ = ["SimConfig", "capture_sizes"]
+__all__ = ["SimConfig", "capture_sizes", "unmodelled", "UNMODELLED"]
+
+# vLLM flags that change a step's speed or the memory plan and that the simulator does not model, each with
+# the value at which it changes nothing (vLLM's default, or an equivalent): any other value is unmodelled.
+UNMODELLED: dict[str, Any] = {
+    "quantization": None,  # weight bytes and GEMM speed of fp8, AWQ, GPTQ checkpoints
+    "quantization_config": None,
+    "pipeline_parallel_size": 1,  # the memory split is modelled, the stages' timing and bubbles are not
+    "data_parallel_size": 1,
+    "decode_context_parallel_size": 1,
+    "speculative_config": None,
+    "performance_mode": "balanced",
+    "enable_expert_parallel": False,
+    "enable_dbo": False,
+    "cpu_offload_gb": 0,
+    "kv_offloading_size": None,
+    "enable_lora": False,
+}
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,18 @@ class SimConfig:
         if self.block_size % 16:
             return f"block_size {self.block_size} is not supported by the CUDA attention backends (a multiple of 16)"
         return None
+
+
+def unmodelled(values: Mapping[str, Any]) -> list[str]:
+    """The flags among ``values`` (vLLM's option names) that vllm-sim does not model, as ``--flag value``."""
+    out = []
+    for name, neutral in UNMODELLED.items():
+        v = values.get(name)
+        if v is None or v == neutral or (neutral == 1 and v in ("1", 1.0)) or (neutral == 0 and v in ("0", 0.0)):
+            continue
+        flag = "--" + name.replace("_", "-")
+        out.append(flag if v is True else f"{flag} {v}")
+    return out
 
 
 def _kv_bytes(v: Mapping[str, Any], gpu: GpuProfile) -> int | None:

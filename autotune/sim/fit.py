@@ -12,9 +12,9 @@ what a host's self-calibration can use on its own trials.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-__all__ = ["fit", "log_loss"]
+__all__ = ["fit", "log_loss", "spearman"]
 
 
 def log_loss(pairs: Iterable[tuple[float, float]]) -> float:
@@ -53,3 +53,27 @@ def fit(
                     best, best_loss = cand, v
             window[k] /= 2
     return best, best_loss
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of two equally long series, ties given their average rank; NaN where either
+    series is constant (no ranking to compare)."""
+
+    def ranks(x: Sequence[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(x):
+            j = i
+            while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in order[i : j + 1]:
+                r[k] = (i + j) / 2
+            i = j + 1
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return cov / math.sqrt(va * vb) if va and vb else float("nan")

@@ -52,7 +52,7 @@ from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.text import TextCodec, chat_prompt
 from autotune.workload.options import WorkloadOptions
-from autotune.workload.source import WorkloadSpec, load
+from autotune.workload.source import WorkloadSpec, load, read
 from autotune.workload.trace import SKIPPED_WHY, Workload
 
 __all__ = [
@@ -122,13 +122,31 @@ class Prediction:
 
 def workload_spec(options: WorkloadOptions, model: str) -> WorkloadSpec:
     """The workload ``autotune bench`` would replay for these flags: ``--tokenizer`` builds the prompts,
-    else MODEL's own tokenizer where vLLM would find the model (a directory with tokenizer.json)."""
+    else MODEL's own tokenizer where vLLM would find the model (a directory with tokenizer.json); with
+    neither, the prompts stay token counts (``load_workload``)."""
     return options.spec(options.tokenizer or locate(model).tokenizer)
 
 
-def load_workload(spec: WorkloadSpec) -> Workload:
-    """``workload.source.load``; a note on stderr says what a file left out, as ``autotune bench`` says it."""
-    workload = load(spec)
+def load_workload(spec: WorkloadSpec, model: str = "") -> Workload:
+    """The workload to replay, and a note on stderr for what the reader left out or assumed.
+
+    With a tokenizer it is ``workload.source.load``'s, prompts built as ``autotune bench`` builds them.
+    Without one the simulator needs no text: a scenario's requests are their token counts and prefix
+    groups (``workload.source.read``), which is what a built-in model name runs on; a model directory
+    without tokenizer.json gets one note line saying so. A trace file's count is said on stderr.
+    """
+    if spec.tokenizer is None:
+        workload = read(spec)
+        if model and locate(model).directory is not None and not all(r.has_text for r in workload.requests):
+            print(
+                f"vllm-sim predict: note: {model} has no tokenizer.json: prompts are the workload's token "
+                "counts (pass --tokenizer DIR to count them as the server would)",
+                file=sys.stderr,
+            )
+    else:
+        workload = load(spec)
+    if spec.trace is not None:
+        print(f"vllm-sim predict: note: {spec.trace}: replaying {len(workload)} requests", file=sys.stderr)
     if workload.skipped:
         print(
             f"vllm-sim predict: note: {spec.trace}: skipped {workload.skipped} conversations ({SKIPPED_WHY})",
@@ -137,10 +155,13 @@ def load_workload(spec: WorkloadSpec) -> Workload:
     return workload
 
 
-def prompt_ids(workload: Workload, codec: TextCodec) -> list[list[int]]:
-    """Each request's prompt as the replay client sends it and the sim's server tokenizes it."""
+def prompt_ids(workload: Workload, codec: TextCodec) -> list[list[int]] | None:
+    """Each request's prompt as the replay client sends it and the sim's server tokenizes it; None for a
+    workload of token counts (the engine then takes each prompt's count and prefix group)."""
     from autotune.measure.replay import payload_for
 
+    if not all(r.has_text for r in workload.requests):
+        return None
     out = []
     for r in workload.requests:
         _, body = payload_for(r, "")
@@ -161,7 +182,7 @@ def _failure(lines: list[str], exit_code: int = 1) -> Failure:
 def predict(opts: PredictOptions, workload: Workload) -> Prediction:
     """Start the simulated engine and replay ``workload`` on it in virtual time (see the module docstring)."""
     from autotune.sim.startup import plan_startup
-    from autotune.sim.virtual import SimEngine, simulate
+    from autotune.sim.virtual import SimEngine, prompt_length, simulate
 
     out = Outcome(url=f"vllm-sim predict, {opts.gpu.name}", started_at=time.time())
     c = opts.config
@@ -186,12 +207,13 @@ def predict(opts: PredictOptions, workload: Workload) -> Prediction:
         workload = workload.scaled(opts.load)
     ids = prompt_ids(workload, TextCodec(opts.tokenizer))
     mml = c.max_model_len
+    lengths = [len(p) for p in ids] if ids is not None else [prompt_length(r) for r in workload.requests]
     # the server's get_max_tokens: max_tokens clamped to what the context leaves after the prompt
     workload = replace(
         workload,
         requests=tuple(
-            replace(r, output_tokens=max(1, min(r.output_tokens, mml - len(p)))) if len(p) < mml else r
-            for r, p in zip(workload.requests, ids, strict=True)
+            replace(r, output_tokens=max(1, min(r.output_tokens, mml - n))) if n < mml else r
+            for r, n in zip(workload.requests, lengths, strict=True)
         ),
     )
     results = simulate(

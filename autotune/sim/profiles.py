@@ -88,6 +88,10 @@ class _Shares(TypedDict):
 #   Llama-3 8B); no A100 was measured.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # The other GPUs keep the defaults (no calibration point, no measurement).
+# - Host per step: at least vLLM's own scheduler's fixed cost, measured on real vLLM code (scripts/bench_scheduler.py,
+#   bench/scheduler_cpu.json: 40 us + 17 us per running request a decode step on this project's VM; the per-request
+#   part is inside the fitted host_seq_s, 28 us, which also holds the worker's input preparation and sampling).
+SCHEDULER_STEP_S = 40e-6
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
     "compute_efficiency": 0.712,
@@ -103,12 +107,19 @@ GPUS: dict[str, GpuProfile] = {
         450e9,
         **_H100_MEASURED,
         allreduce_latency_s=10e-6,
-        host_step_s=0.0,
+        host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
     ),
     # what-if only (bench_sim_fidelity.py --gpu-as): the SXM part's measured shares on the PCIe part's peaks
     "h100-pcie-80gb": GpuProfile(
-        "NVIDIA H100 PCIe", 81559 * MiB, 2.0e12, 756e12, 300e9, **_H100_MEASURED, host_step_s=0.0, host_seq_s=28e-6
+        "NVIDIA H100 PCIe",
+        81559 * MiB,
+        2.0e12,
+        756e12,
+        300e9,
+        **_H100_MEASURED,
+        host_step_s=SCHEDULER_STEP_S,
+        host_seq_s=28e-6,
     ),
     "h200-141gb": GpuProfile(
         "NVIDIA H200",
@@ -121,7 +132,7 @@ GPUS: dict[str, GpuProfile] = {
         attention_bandwidth_efficiency=0.671,
         attention_compute_efficiency=0.514,
         allreduce_latency_s=10e-6,
-        host_step_s=0.0,
+        host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
     ),
     "a100-80gb": GpuProfile(

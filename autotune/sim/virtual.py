@@ -21,9 +21,10 @@ from autotune.sim.perf import FrontEnd, StepModel
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import Request, Scheduler, block_hashes
 from autotune.sim.startup import MemoryPlan, Startup, plan_startup
+from autotune.workload.trace import Request as WorkloadRequest
 from autotune.workload.trace import Workload
 
-__all__ = ["SimEngine", "StartupFailed", "simulate", "capacity"]
+__all__ = ["SimEngine", "StartupFailed", "simulate", "capacity", "prompt_length"]
 
 
 class StartupFailed(Exception):
@@ -71,7 +72,8 @@ class SimEngine:
         self.step_model = StepModel(self.shape, self.gpu, c)
 
 
-def _prompt_tokens(r) -> int:
+def prompt_length(r: WorkloadRequest) -> int:
+    """A request's prompt in tokens when its token ids are not known: its count, else ~4 bytes of text a token."""
     if r.prompt_tokens is not None:
         return r.prompt_tokens
     return max(1, len(((r.prefix or "") + (r.prompt or "")).encode()) // 4)  # text-only traces: ~4 bytes a token
@@ -156,7 +158,7 @@ def _run(
             n = len(prompt_ids[i])
             hashes = block_hashes(prompt_ids[i], bs)
         else:
-            n = _prompt_tokens(r)
+            n = prompt_length(r)
             # one stand-in per block: block size 1 for the hashes
             hashes = block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)
         reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s, hashes))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import optuna
@@ -62,6 +62,8 @@ class AdvisorTarget:
     steps: LoadSteps
     slos: Sequence[SLO]
     study: str  # the study's name, kept with what the advisor learns from it
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # engine args every trial runs with
+    varied: frozenset[str] = frozenset()  # engine args the study's space chooses
 
 
 class Advisor:

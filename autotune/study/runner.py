@@ -96,7 +96,17 @@ def build_space(d: StudyDefinition) -> Space:
 def advisor_target(d: StudyDefinition, steps: LoadSteps) -> AdvisorTarget:
     """What the study's advisor advises on: its model, hardware, load steps and SLOs."""
     kind = d.command.engine_kind
-    return AdvisorTarget(d.command.model, kind.shape(d.command.model), d.platform, devices_of(d), steps, d.slos, d.name)
+    return AdvisorTarget(
+        d.command.model,
+        kind.shape(d.command.model),
+        d.platform,
+        devices_of(d),
+        steps,
+        d.slos,
+        d.name,
+        fixed=dict(d.fixed.values),
+        varied=frozenset(p.name for p in d.params or ()),
+    )
 
 
 def study_advisor(d: StudyDefinition, steps: LoadSteps) -> tuple[Advisor, str | None]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadOptions", "add_arguments"]
 
+SCENARIO_REQUESTS = 200  # a scenario's requests when --requests is not given
 WORKLOAD_TITLE = "workload (a trace file or a synthetic scenario)"
 REPLAY_TITLE = "replay"
 
@@ -42,7 +43,7 @@ class WorkloadOptions:
     workload: Path | None = None  # a trace file; or
     scenario: str | None = None  # a synthetic scenario
     rate: float | None = None  # requests/s: synthetic arrivals, or arrivals for files without them
-    requests: int = 200
+    requests: int | None = None  # None: SCENARIO_REQUESTS of a scenario, all of a trace file
     burstiness: float = 1.0
     seed: int = 0
     prompt_tokens: str | None = None
@@ -79,7 +80,7 @@ class WorkloadOptions:
         from autotune.workload.source import length_flags
 
         length_flags(self.prompt_tokens, self.prefix_tokens, self.output_tokens, self.workload is not None)
-        if self.requests < 1:
+        if self.requests is not None and self.requests < 1:
             raise ConfigError("--requests must be at least 1")
         if not (self.load > 0 and math.isfinite(self.load)):
             raise ConfigError(f"--load must be a positive number, got {self.load}")
@@ -89,6 +90,13 @@ class WorkloadOptions:
             raise ConfigError(f"--warmup must be 0 or more requests, got {self.warmup}")
         if not self.request_timeout > 0:
             raise ConfigError(f"--request-timeout must be a positive number of seconds, got {self.request_timeout}")
+
+    @property
+    def num_requests(self) -> int:
+        """WorkloadSpec's count: ``--requests``, else a scenario's default and all of a trace (0)."""
+        if self.requests is not None:
+            return self.requests
+        return 0 if self.workload is not None else SCENARIO_REQUESTS
 
     def spec(self, tokenizer: Path | None, no_tokenizer: str | None = None) -> WorkloadSpec:
         """The workload to load: ``tokenizer`` builds the prompts (``--tokenizer``, or the command's default);
@@ -102,7 +110,7 @@ class WorkloadOptions:
             trace=self.workload,
             scenario=self.scenario,
             rate=self.rate,
-            num_requests=self.requests,
+            num_requests=self.num_requests,
             burstiness=self.burstiness,
             seed=self.seed,
             overrides=overrides,
@@ -131,7 +139,11 @@ def add_arguments(
     g.add_argument("--workload", type=Path, help="trace: autotune JSONL, vllm bench custom JSONL, or ShareGPT JSON")
     g.add_argument("--scenario", help="synthetic: chat, long-docs or high-concurrency")
     g.add_argument("--rate", type=float, help="arrival rate in requests/s (synthetic, or files without arrival times)")
-    g.add_argument("--requests", type=int, default=d.requests, help=f"number of requests (default {d.requests})")
+    g.add_argument(
+        "--requests",
+        type=int,
+        help=f"number of requests (default: {SCENARIO_REQUESTS} of a scenario, every request of a --workload file)",
+    )
     g.add_argument(
         "--burstiness", type=float, default=d.burstiness, help="gamma shape of arrivals; 1 = Poisson (default)"
     )

@@ -16,7 +16,7 @@ from autotune.workload.prompts import PromptBuilder, Tokenizer, load_tokenizer, 
 from autotune.workload.synth import SCENARIOS, synthesize
 from autotune.workload.trace import MAX_TOKENS, Api, Request, Workload, read_workload
 
-__all__ = ["WorkloadSpec", "load", "check", "parse_range", "length_flags", "LoadSteps"]
+__all__ = ["WorkloadSpec", "load", "read", "check", "parse_range", "length_flags", "LoadSteps"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,12 @@ def load(spec: WorkloadSpec) -> Workload:
             f"tokenizer: {spec.no_tokenizer}"
         )
     return materialize(workload, PromptBuilder(tokenizer), seed=spec.seed)
+
+
+def read(spec: WorkloadSpec) -> Workload:
+    """The workload as its source gives it, with no tokenizer: text where the source gives text, else token
+    counts and prefix groups (what a simulator needs; ``load`` builds the prompts a real engine needs)."""
+    return _requests(spec, None)
 
 
 def _requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> Workload:

@@ -1,0 +1,276 @@
+"""What vLLM's API server costs per request, measured on real vLLM (CPU build, the tiny model).
+
+vllm-sim's front-end model (``autotune.sim.perf.FrontEnd``) stands for the CPU work of vLLM's one API-server
+process, which a faster GPU does not shorten: ``request_s`` per request (HTTP, JSON, the chat template, request
+setup), ``prompt_token_s`` per prompt token (tokenization) and ``output_token_s`` per streamed token
+(detokenization, the SSE chunk). This script measures them where they run here: one real ``vllm serve`` of the
+tiny local model (scripts/build_tiny_model.py), bursts of ``--requests`` streamed requests sent at once, and the
+API-server process's CPU seconds over each burst (``vllm serve``'s main process; the engine core and its worker
+are its children and are not counted). Three completion bursts separate the three costs (a short prompt and one
+output token; a long prompt; many output tokens) and a chat burst adds the chat template's.
+
+The burst's requests/s here is not the API server's ceiling: on two shared cores the engine's own CPU forward
+and this script's client take most of the time, which is why the CPU seconds, not the wall time, are the
+measurement. CPU time carries to another host in proportion to single-core speed: the script prints this host's
+CPU model and a pure-Python reference loop's time. Rerun:
+
+    .venv/bin/python scripts/bench_front_end.py --json bench/front_end_cpu.json     # ~4 min on 2 cores
+
+Needs scripts/install_cpu.sh's vLLM beside the interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCE = "The quick brown fox jumps over the lazy dog. "
+SHORT, LONG = 3, 20  # sentences in a short and a long prompt
+
+
+def reference_loop_s() -> float:
+    """A fixed pure-Python loop's best time of 5 (seconds): this host's single-core speed, for scaling."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(2_000_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def iteration_steps(url: str) -> float:
+    """vLLM's count of engine steps so far (the iteration-tokens histogram's count)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "vllm:iteration_tokens_total":
+            return sum(s.value for s in fam.samples if s.name.endswith("_count"))
+    raise RuntimeError("vllm:iteration_tokens_total not found in /metrics")
+
+
+async def _one(client: httpx.AsyncClient, url: str, chat: bool, max_tokens: int, prompt: str) -> None:
+    body: dict = {"model": "tiny", "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    async with client.stream("POST", url + path, json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            raise RuntimeError(f"{path}: {r.status_code} {r.text[:400]}")
+        async for _ in r.aiter_lines():
+            pass
+
+
+async def burst(url: str, n: int, concurrency: int, chat: bool, max_tokens: int, prompt: str) -> float:
+    """Send ``n`` requests, at most ``concurrency`` at once; the wall seconds."""
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def go() -> None:
+            async with sem:
+                await _one(client, url, chat, max_tokens, prompt)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(go() for _ in range(n)))
+        return time.perf_counter() - t0
+
+
+def prompt_tokens(url: str, prompt: str) -> int:
+    """The prompt's length as the server counts it (vLLM's /tokenize)."""
+    return len(httpx.post(url + "/tokenize", json={"model": "tiny", "prompt": prompt}, timeout=30).json()["tokens"])
+
+
+def measure(
+    url: str,
+    api: psutil.Process,
+    core: psutil.Process,
+    workers: list[psutil.Process],
+    n: int,
+    concurrency: int,
+    chat: bool,
+    max_tokens: int,
+    sentences: int,
+) -> dict:
+    prompt = SENTENCE * sentences
+    me = psutil.Process()
+    a0, c0, s0 = cpu_s(api), cpu_s(core), iteration_steps(url)
+    w0, m0 = sum(cpu_s(w) for w in workers), cpu_s(me)
+    wall = asyncio.run(burst(url, n, concurrency, chat, max_tokens, prompt))
+    a1, c1, s1 = cpu_s(api), cpu_s(core), iteration_steps(url)
+    w1, m1 = sum(cpu_s(w) for w in workers), cpu_s(me)
+    steps = s1 - s0
+    return {
+        "api": "chat" if chat else "completion",
+        "prompt_tokens": prompt_tokens(url, prompt),
+        "requests": n,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(n / wall, 1),
+        "api_server_cpu_ms_per_request": round(1000 * (a1 - a0) / n, 3),
+        "engine_core_cpu_s": round(c1 - c0, 3),
+        "steps": steps,
+        "engine_core_cpu_ms_per_step": round(1000 * (c1 - c0) / steps, 3) if steps else None,
+        "worker_cpu_s": round(w1 - w0, 3),  # the model's forward and the sampler (vLLM's worker process)
+        "client_cpu_s": round(m1 - m0, 3),  # this script's own HTTP client, on the same two cores
+    }
+
+
+def start_vllm(model: Path, port: int, workdir: Path) -> tuple[subprocess.Popen, str]:
+    vllm = Path(sys.executable).parent / "vllm"
+    if not vllm.exists():
+        sys.exit(f"bench_front_end: real vLLM is not installed beside {sys.executable}: run scripts/install_cpu.sh")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(workdir / "cache")}
+    argv = [
+        str(vllm),
+        "serve",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "256",
+        "--max-num-batched-tokens",
+        "8192",
+    ]
+    log = open(workdir / "vllm.log", "w")  # noqa: SIM115 -- the server's lifetime, closed at exit
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"bench_front_end: vLLM exited ({proc.returncode}); its log: {workdir / 'vllm.log'}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    sys.exit("bench_front_end: vLLM did not become healthy in 600 s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=400, help="requests per burst (default 400)")
+    ap.add_argument(
+        "--output-tokens", type=int, default=64, help="tokens each request streams in the long-output burst"
+    )
+    ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument("--json", type=Path, help="write the rows and the fitted figures here")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
+        work = Path(tmp)
+        model = work / "tiny-llama"
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(model)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        ref = reference_loop_s()
+        proc, url = start_vllm(model, a.port, work)
+        try:
+            api = psutil.Process(proc.pid)
+            cores = [c for c in api.children(recursive=True) if "EngineCore" in " ".join([*c.cmdline(), c.name()])]
+            if len(cores) != 1:
+                sys.exit(f"bench_front_end: expected one EngineCore process under {proc.pid}, found {len(cores)}")
+            core = cores[0]
+            workers = [
+                c
+                for c in api.children(recursive=True)
+                if c.pid != core.pid and "Worker" in " ".join([*c.cmdline(), c.name()])
+            ]
+            asyncio.run(burst(url, 32, 32, True, 4, SENTENCE))  # warm-up: compile, first-request paths
+            n = a.requests
+            rows = {
+                "short": measure(url, api, core, workers, n, n, False, 1, SHORT),
+                "long prompt": measure(url, api, core, workers, n, n, False, 1, LONG),
+                "long output": measure(url, api, core, workers, n // 4, n // 4, False, a.output_tokens, SHORT),
+                "chat": measure(url, api, core, workers, n, n, True, 1, SHORT),
+            }
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(60)
+    short, long_prompt, long_output, chat = rows.values()
+    ms = "api_server_cpu_ms_per_request"
+    prompt_token_ms = (long_prompt[ms] - short[ms]) / (long_prompt["prompt_tokens"] - short["prompt_tokens"])
+    output_token_ms = (long_output[ms] - short[ms]) / (long_output["max_tokens"] - short["max_tokens"])
+    request_ms = short[ms] - prompt_token_ms * short["prompt_tokens"] - output_token_ms * short["max_tokens"]
+    result = {
+        "host": {
+            "cpu": _cpu_model(),
+            "cores": psutil.cpu_count(),
+            "python": platform.python_version(),
+            "reference_loop_s": round(ref, 3),
+        },
+        "vllm": _vllm_version(),
+        "bursts": rows,
+        "api_server": {  # perf.FrontEnd's three costs on this host, seconds
+            "request_s": round(request_ms / 1000, 7),
+            "chat_request_s": round((chat[ms] - short[ms] + request_ms) / 1000, 7),
+            "prompt_token_s": round(prompt_token_ms / 1000, 9),
+            "output_token_s": round(output_token_ms / 1000, 8),
+        },
+    }
+    print(f"host: {result['host']['cpu']}, reference loop {ref:.3f} s; vLLM {result['vllm']}")
+    print(
+        f"{'burst':<12} {'requests':>8} {'prompt':>6} {'out':>4} {'req/s':>7} {'API CPU ms/req':>15} "
+        f"{'engine CPU s':>13} {'worker CPU s':>13} {'client CPU s':>13}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:<12} {r['requests']:>8} {r['prompt_tokens']:>6} {r['max_tokens']:>4} {r['requests_per_s']:>7} "
+            f"{r[ms]:>15} {r['engine_core_cpu_s']:>13} {r['worker_cpu_s']:>13} {r['client_cpu_s']:>13}"
+        )
+    fe = result["api_server"]
+    print(
+        f"API server per request {1000 * fe['request_s']:.2f} ms (chat {1000 * fe['chat_request_s']:.2f} ms), "
+        f"per prompt token {1e6 * fe['prompt_token_s']:.2f} us, per streamed token {1e6 * fe['output_token_s']:.1f} us"
+    )
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
