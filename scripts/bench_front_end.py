@@ -7,14 +7,15 @@ setup), ``prompt_token_s`` per prompt token (tokenization) and ``output_token_s`
 tiny local model (scripts/build_tiny_model.py), bursts of ``--requests`` streamed requests sent at once, and the
 API-server process's CPU seconds over each burst (``vllm serve``'s main process; the engine core and its worker
 are its children and are not counted). Three completion bursts separate the three costs (a short prompt and one
-output token; a long prompt; many output tokens) and a chat burst adds the chat template's.
+output token; a long prompt; many output tokens) and a chat burst adds the chat template's; ``--repeats`` rounds
+of the four, each burst's median round counting.
 
 The burst's requests/s here is not the API server's ceiling: on two shared cores the engine's own CPU forward
 and this script's client take most of the time, which is why the CPU seconds, not the wall time, are the
 measurement. CPU time carries to another host in proportion to single-core speed: the script prints this host's
 CPU model and a pure-Python reference loop's time. Rerun:
 
-    .venv/bin/python scripts/bench_front_end.py --json bench/front_end_cpu.json     # ~4 min on 2 cores
+    .venv/bin/python scripts/bench_front_end.py --json bench/front_end_cpu.json     # ~7 min on 2 cores
 
 Needs scripts/install_cpu.sh's vLLM beside the interpreter.
 """
@@ -183,6 +184,7 @@ def main() -> int:
     ap.add_argument(
         "--output-tokens", type=int, default=64, help="tokens each request streams in the long-output burst"
     )
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the four bursts; the median counts (default 3)")
     ap.add_argument("--port", type=int, default=8471)
     ap.add_argument("--json", type=Path, help="write the rows and the fitted figures here")
     a = ap.parse_args()
@@ -209,17 +211,27 @@ def main() -> int:
             ]
             asyncio.run(burst(url, 32, 32, True, 4, SENTENCE))  # warm-up: compile, first-request paths
             n = a.requests
-            rows = {
-                "short": measure(url, api, core, workers, n, n, False, 1, SHORT),
-                "long prompt": measure(url, api, core, workers, n, n, False, 1, LONG),
-                "long output": measure(url, api, core, workers, n // 4, n // 4, False, a.output_tokens, SHORT),
-                "chat": measure(url, api, core, workers, n, n, True, 1, SHORT),
+            bursts = {  # name: (requests, chat, max_tokens, sentences)
+                "short": (n, False, 1, SHORT),
+                "long prompt": (n, False, 1, LONG),
+                "long output": (n // 4, False, a.output_tokens, SHORT),
+                "chat": (n, True, 1, SHORT),
             }
+            # rounds of every burst in turn, so that a drift of the shared host's speed touches each alike
+            rounds = [
+                {
+                    name: measure(url, api, core, workers, k, k, chat, out, sents)
+                    for name, (k, chat, out, sents) in bursts.items()
+                }
+                for _ in range(a.repeats)
+            ]
         finally:
             os.killpg(proc.pid, 15)
             proc.wait(60)
-    short, long_prompt, long_output, chat = rows.values()
     ms = "api_server_cpu_ms_per_request"
+    # each burst's round with the median CPU per request
+    rows = {name: sorted((r[name] for r in rounds), key=lambda row: row[ms])[len(rounds) // 2] for name in rounds[0]}
+    short, long_prompt, long_output, chat = rows.values()
     prompt_token_ms = (long_prompt[ms] - short[ms]) / (long_prompt["prompt_tokens"] - short["prompt_tokens"])
     output_token_ms = (long_output[ms] - short[ms]) / (long_output["max_tokens"] - short["max_tokens"])
     request_ms = short[ms] - prompt_token_ms * short["prompt_tokens"] - output_token_ms * short["max_tokens"]
@@ -231,7 +243,8 @@ def main() -> int:
             "reference_loop_s": round(ref, 3),
         },
         "vllm": _vllm_version(),
-        "bursts": rows,
+        "bursts": rows,  # the median round of each
+        "rounds": rounds,
         "api_server": {  # perf.FrontEnd's three costs on this host, seconds
             "request_s": round(request_ms / 1000, 7),
             "chat_request_s": round((chat[ms] - short[ms] + request_ms) / 1000, 7),

@@ -199,9 +199,11 @@ def _unsupported(point: dict[str, Any]) -> str | None:
     if any(q.lower() in point["model"].lower() for q in QUANTIZED):
         return "quantized weights: no quantized-kernel model"
     try:
-        model_shape(point["model"])
+        shape = model_shape(point["model"])
     except KeyError:
         return f"model {point['model']!r} has no shape"
+    if shape.not_modelled:
+        return f"not modelled: {shape.not_modelled}"
     ignored = unmodelled(point.get("engine_args") or {})
     return f"not modelled: {', '.join(ignored)}" if ignored else None
 
@@ -422,6 +424,7 @@ EFFICIENCY_BOUNDS = {"bandwidth_efficiency": (0.4, 1.0), "compute_efficiency": (
 SHARES_MEASURED = {"h100-80gb", "h200-141gb"}
 HOST_BOUNDS = {"host_step_s": (0.0, 5e-3), "host_seq_s": (0.0, 50e-6)}
 ALLREDUCE_BOUNDS = {"allreduce_latency_s": (0.0, 60e-6)}
+SUSTAINED_BOUNDS = {"sustained_compute": (0.2, 1.0)}
 
 
 def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[float, float]],
@@ -486,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fit each GPU's all-reduce latency on the fit part's tensor-parallel points and print it")
     ap.add_argument("--fit-host", metavar="GPU", action="append", default=[],
                     help="fit GPU's host share (host_step_s, host_seq_s) on the fit part's points on it and print it")
+    ap.add_argument("--fit-sustained", metavar="GPU", action="append", default=[],
+                    help="fit the share of GPU's measured compute rates a whole vLLM step sustains, on the fit part's "
+                         "points on it (its prefill points decide it), and print it")
     ap.add_argument("--fit-front-end", action="store_true",
                     help="fit the API server's constants on the fit part's V1 serving points (short runs only) and print them")
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
@@ -519,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
         if gpu not in GPUS:
             ap.error(f"--fit-host {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
         fits.append((gpu, fit_part, HOST_BOUNDS))
+    for gpu in a.fit_sustained:
+        if gpu not in GPUS:
+            ap.error(f"--fit-sustained {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
+        fits.append((gpu, fit_part, SUSTAINED_BOUNDS))
     for gpu, part, bounds in fits:
         c, v = fit_profile(part, gpu, bounds)
         print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)

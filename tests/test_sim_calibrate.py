@@ -173,6 +173,9 @@ def test_a_study_whose_engine_args_the_simulator_does_not_model_does_not_simulat
     advisor, why = learning_simulator(replace(target, varied=target.varied | {"pipeline_parallel_size"}))
     assert not advisor.predicts and why == "vllm-sim does not model --pipeline-parallel-size"
     assert learning_simulator(replace(target, fixed={**target.fixed, "pipeline_parallel_size": 1}))[0].predicts
+    moe = replace(target.shape, not_modelled="mixture of experts (32 experts)")
+    advisor, why = learning_simulator(replace(target, shape=moe))
+    assert not advisor.predicts and why == "vllm-sim does not model this model: mixture of experts (32 experts)"
 
 
 def test_calibrate_fits_a_studys_trials_and_the_next_study_predicts_with_it(tmp_path, tiny_model):

@@ -164,9 +164,10 @@ def test_a_step_is_the_linear_layers_roofline_plus_attentions():
     kv = shape.kv_bytes_per_token(model.config.kv_cache_dtype, model.config.dtype)
     linear = max((shape.weights_bytes + tokens * kv) / (gpu.bandwidth * gpu.bandwidth_efficiency),
                  (tokens * 2 * shape.layers * shape.params_per_layer + sampled * 2 * shape.hidden * shape.vocab)
-                 / (gpu.bf16_flops * gpu.compute_efficiency))
+                 / (gpu.bf16_flops * gpu.compute_efficiency * gpu.sustained_compute))
     attention = max(kv_tokens * kv / (gpu.bandwidth * gpu.attention_bandwidth_efficiency),
-                    attn * 4 * shape.layers * shape.heads * shape.head_dim / (gpu.bf16_flops * gpu.attention_compute_efficiency))
+                    attn * 4 * shape.layers * shape.heads * shape.head_dim
+                    / (gpu.bf16_flops * gpu.attention_compute_efficiency * gpu.sustained_compute))
     launch = 25e-6 * shape.layers  # a mixed batch: piecewise graphs
     assert model.seconds(tokens, seqs, sampled, attn, kv_tokens, False) == pytest.approx(linear + attention + launch)
     # the matmuls are compute-bound and the attention KV-bound here: neither term is negligible

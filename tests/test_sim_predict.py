@@ -115,6 +115,7 @@ def test_a_config_vllm_refuses_is_invalid_args(tmp_path):
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--request-timeout", "5"], "unrecognized arguments"),
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--slo", "ttft<<1"], "SLO"),
     (["--scenario", "chat", "--rate", "4"], "required: MODEL"),
+    (["llama-3.1-8b", "--gpu-total-memory", "lots", "--scenario", "chat", "--rate", "4"], "--gpu-total-memory"),
     (["llama-3.1-70b", "--quantization", "fp8", "--scenario", "chat", "--rate", "4"],
      "vllm-sim does not model --quantization fp8"),
     (["llama-3.1-8b", "-pp", "2", "--speculative-config", '{"method": "ngram"}', "--scenario", "chat", "--rate", "4"],
@@ -162,6 +163,55 @@ def test_a_workload_file_is_replayed_whole_unless_requests_says_otherwise(tmp_pa
         err = capsys.readouterr().err
         assert f"replaying {n} requests" in err
         assert json.loads(out_json.read_text())["metrics"]["requests"] == n
+
+
+def test_a_card_of_another_memory_size_sizes_the_kv_cache_by_it(tmp_path, capsys):
+    """An H100 64GB is the H100 profile with 16 GiB less: the KV cache loses what gpu_memory_utilization gives of it
+    (batching given: vLLM's defaults for it depend on the memory size, and with them the activation peak)."""
+    from autotune.sim.kind import VllmSimKind
+    from autotune.sim.profiles import GPUS
+
+    kv = {}
+    for total in ("", "64GiB"):
+        out = tmp_path / f"{total or 'full'}.json"
+        argv = ["--gpu", "h100-80gb", *(["--gpu-total-memory", total] if total else []), "predict", "llama-3.1-8b",
+                "--gpu-memory-utilization", "0.9", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+                "--scenario", "chat", "--rate", "2", "--requests", "4", "--json", str(out)]
+        assert cli.main(argv) == 0
+        d = json.loads(out.read_text())
+        kv[total] = d["kv_cache_tokens"]
+        assert d["gpu_memory_bytes"] == (64 << 30 if total else GPUS["h100-80gb"].memory_bytes)
+    assert capsys.readouterr().err == ""  # a measured profile: no note
+    per_token = model_shape("llama-3.1-8b").kv_bytes_per_token()
+    lost = 0.9 * (GPUS["h100-80gb"].memory_bytes - (64 << 30)) / per_token
+    assert kv[""] - kv["64GiB"] == pytest.approx(lost, abs=2 * 16)  # within a block or two of rounding
+    (info,) = VllmSimKind().devices(["vllm-sim", "--gpu", "h100-80gb", "--gpu-total-memory=64GiB", "serve"])
+    assert info.name == GPUS["h100-80gb"].name and info.total_bytes == 64 << 30
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"num_experts": 128, "moe_intermediate_size": 768}, "mixture of experts (128 experts)"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantized weights (fp8)"),
+    ({"layer_types": ["linear_attention", "full_attention"] * 16}, "hybrid attention (linear_attention layers)"),
+])
+def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra, says):
+    from autotune.sim.profiles import MODELS
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**MODELS["llama-3.1-8b"], **extra}))
+    r = predict("predict", str(model), "--scenario", "chat", "--rate", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"vllm-sim predict: error: vllm-sim does not model {model}: {says}; predict a "
+                                     "dense model, or measure it on the GPU (autotune bench)"]
+
+
+def test_a_profile_of_datasheet_figures_says_so(capsys):
+    assert cli.main(["--gpu", "l4-24gb", "predict", "llama-3.1-8b", "--max-model-len", "8192", "--scenario", "chat",
+                     "--rate", "1", "--requests", "4"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["vllm-sim predict: note: the l4-24gb profile is its datasheet's peaks with default "
+                                "shares: no measurement or public run calibrates it"]
 
 
 def test_serve_and_predict_share_one_command_line():

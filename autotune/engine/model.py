@@ -132,9 +132,13 @@ class ModelShape:
     intermediate: int = 0
     vocab: int = 0
     tied_embeddings: bool = False
+    # what of the architecture this dense-decoder shape leaves out ("" when nothing): its parameters, memory and
+    # step time are then wrong, so whatever estimates from it says so instead of estimating
+    not_modelled: str = ""
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], weights_bytes: int | None = None) -> ModelShape:
+        quantized = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
         cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg.get("hidden_size") or 0)
@@ -150,6 +154,7 @@ class ModelShape:
             intermediate=int(cfg.get("intermediate_size") or 0),
             vocab=int(cfg.get("vocab_size") or 0),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            not_modelled=_not_modelled(cfg, quantized),
         )
         est = shape.params * DTYPE_BYTES.get(shape.dtype, 2)
         return shape.with_weights(weights_bytes if weights_bytes else est)
@@ -189,6 +194,20 @@ class ModelShape:
         else:
             elem = DTYPE_BYTES.get(self.dtype if dtype in ("auto", None) else dtype, 2)
         return 2 * self.layers * self.kv_heads * self.head_dim * elem
+
+
+def _not_modelled(cfg: dict[str, Any], quantized: Any) -> str:
+    """What a config.json holds beyond a dense decoder of full-attention layers and unquantized weights."""
+    missing = []
+    experts = max(int(cfg.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if experts:
+        missing.append(f"mixture of experts ({experts} experts)")
+    kinds = set(cfg.get("layer_types") or ()) - {"full_attention", "sliding_attention"}
+    if kinds:
+        missing.append(f"hybrid attention ({', '.join(sorted(kinds))} layers)")
+    if isinstance(quantized, dict):
+        missing.append(f"quantized weights ({quantized.get('quant_method', 'quantization_config')})")
+    return "; ".join(missing)
 
 
 def parse_bytes(value: object) -> int:

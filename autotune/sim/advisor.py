@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -128,6 +129,8 @@ def simulator(target: AdvisorTarget, calibrated: bool = True) -> tuple[SpaceSimu
     CPU host only once calibrated, since no public figure describes it."""
     if target.shape is None:
         return None, "no model shape"
+    if target.shape.not_modelled:
+        return None, f"vllm-sim does not model this model: {target.shape.not_modelled}"
     ignored = unmodelled(target.fixed) + [f"--{n.replace('_', '-')}" for n in sorted(target.varied & UNMODELLED.keys())]
     if ignored:
         return None, f"vllm-sim does not model {', '.join(ignored)}"
@@ -141,6 +144,8 @@ def simulator(target: AdvisorTarget, calibrated: bool = True) -> tuple[SpaceSimu
             f"this CPU is not calibrated yet (autotune calibrate {target.study}'s study file, once it has trials)",
         )
     gpu, front = (fit.gpu(), fit.front_end()) if fit else (GPUS[key], API_SERVER)
+    if gpu.platform == "cuda" and target.devices and target.devices[0].total_bytes != gpu.memory_bytes:
+        gpu = replace(gpu, memory_bytes=target.devices[0].total_bytes)  # a card of another size (--gpu-total-memory)
     steps = target.steps
     sim = SpaceSimulator(
         target.shape,

@@ -1,6 +1,7 @@
 """The ``vllm-sim`` command: ``vllm serve`` for a GPU that is not there.
 
-    vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] serve MODEL [vLLM flags...]
+    vllm-sim [--gpu NAME [--gpu-total-memory BYTES]] [--time-scale F] [--gpu-memory-used-by-others BYTES]
+             serve MODEL [vLLM flags...]
 
 The command line is vLLM 0.33's: the parser is built from the bundled flag table
 (``engine.vllm.flags.bundled_table("0.33")``), so every flag a real ``vllm serve`` accepts is
@@ -10,7 +11,8 @@ exit 2), underscores may stand for dashes, and ``--config FILE.yaml`` is spliced
 vLLM's FlexibleArgumentParser does it (after the model, before the other flags: the command
 line wins). Only the flags ``SimConfig`` reads change the simulation; the rest are accepted
 and ignored. The sim's own options (``--gpu``, ``--time-scale``, ``--gpu-memory-used-by-others``)
-may come before or after ``serve``.
+may come before or after ``serve``; ``--gpu-total-memory`` makes the profile's card one of another
+memory size (an H100 64GB is ``--gpu h100-80gb --gpu-total-memory 64GiB``).
 
 MODEL is a named profile (llama-3.1-8b, qwen2.5-32b, llama-3.1-70b), a Hugging Face id of
 one of them, or a directory with config.json (and tokenizer.json, used to count prompts).
@@ -43,6 +45,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -53,8 +56,16 @@ from autotune.sim.kind import SIMULATED_VLLM
 
 __all__ = ["build_parser", "main", "parse"]
 
-SIM_OPTIONS = {"--gpu": "gpu", "--time-scale": "time_scale", "--gpu-memory-used-by-others": "gpu_memory_used_by_others"}
-USAGE = "vllm-sim [--gpu NAME] [--time-scale F] [--gpu-memory-used-by-others BYTES] serve MODEL [vLLM flags...]"
+SIM_OPTIONS = {
+    "--gpu": "gpu",
+    "--gpu-total-memory": "gpu_total_memory",
+    "--time-scale": "time_scale",
+    "--gpu-memory-used-by-others": "gpu_memory_used_by_others",
+}
+USAGE = (
+    "vllm-sim [--gpu NAME] [--gpu-total-memory BYTES] [--time-scale F] [--gpu-memory-used-by-others BYTES] "
+    "serve MODEL [vLLM flags...]"
+)
 PREDICT_USAGE = (
     "vllm-sim [--gpu NAME] predict MODEL [vLLM flags...] (--workload FILE | --scenario NAME --rate R) "
     "[--max-concurrency N] [--json OUT]"
@@ -173,6 +184,13 @@ def build_parser(command: str = "serve") -> argparse.ArgumentParser:
     )
     sim = p.add_argument_group("vllm-sim")
     sim.add_argument("--gpu", default="h100-80gb", choices=sorted(GPUS), help="the simulated GPU (default h100-80gb)")
+    sim.add_argument(
+        "--gpu-total-memory",
+        type=parse_bytes,
+        metavar="BYTES",
+        help="the GPU's total memory where it differs from the profile's (an H100 64GB: --gpu h100-80gb "
+        "--gpu-total-memory 64GiB)",
+    )
     sim.add_argument(
         "--time-scale",
         type=float,
@@ -341,7 +359,7 @@ def _sim_keys() -> set[str]:
     """The namespace's keys that are not vLLM flags: the sim's own options and predict's."""
     from autotune.workload.options import WorkloadOptions
 
-    own = {"gpu", "time_scale", "gpu_memory_used_by_others", "model_tag"}
+    own = {"gpu", "gpu_total_memory", "time_scale", "gpu_memory_used_by_others", "model_tag"}
     return own | PREDICT_OUTPUTS | (WorkloadOptions.names() - SHARED_WITH_VLLM)
 
 
@@ -356,6 +374,8 @@ def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | No
         print(f"OSError: {e.args[0]}", file=sys.stderr, flush=True)
         return None
     gpu = gpu_profile(ns.gpu)
+    if ns.gpu_total_memory:
+        gpu = replace(gpu, memory_bytes=ns.gpu_total_memory)
     sim_keys = _sim_keys()
     values = {k: v for k, v in vars(ns).items() if v is not None and k not in sim_keys}
     if values.get("max_model_len") == -1:
@@ -412,6 +432,7 @@ def _run_predict(ns: argparse.Namespace) -> int:
     from autotune.measure.slo import parse_slos
     from autotune.sim import predict
     from autotune.sim.config import unmodelled
+    from autotune.sim.profiles import CALIBRATED
     from autotune.sim.text import TextCodec
     from autotune.workload.options import WorkloadOptions
 
@@ -425,6 +446,17 @@ def _run_predict(ns: argparse.Namespace) -> int:
     if engine is None:
         return 1
     shape, gpu, values, config = engine
+    if ns.gpu not in CALIBRATED:
+        print(
+            f"vllm-sim predict: note: the {ns.gpu} profile is its datasheet's peaks with default shares: no "
+            "measurement or public run calibrates it",
+            file=sys.stderr,
+        )
+    if shape.not_modelled:
+        raise ConfigError(
+            f"vllm-sim does not model {ns.model_tag}: {shape.not_modelled}; predict a dense model, or measure it "
+            "on the GPU (autotune bench)"
+        )
     ignored = unmodelled(values)
     if ignored:
         raise ConfigError(

@@ -33,20 +33,22 @@ class VllmSimKind(VllmKind):
         return bundled_table(SIMULATED_VLLM)
 
     def devices(self, command: Sequence[str]) -> tuple[GpuInfo, ...]:
-        """The simulated GPU its ``--gpu`` names (h100-80gb by default), as NVML would report it."""
+        """The simulated GPU its ``--gpu`` names (h100-80gb by default), of ``--gpu-total-memory`` where given, as
+        NVML would report it."""
+        from autotune.engine.model import parse_bytes
         from autotune.sim.profiles import gpu_profile
 
-        name = "h100-80gb"
+        given = {"--gpu": "h100-80gb", "--gpu-total-memory": ""}
         for i, word in enumerate(command):
-            if word == "--gpu" and i + 1 < len(command):
-                name = command[i + 1]
-            elif word.startswith("--gpu="):
-                name = word.split("=", 1)[1]
+            key, eq, value = word.partition("=")
+            if key in given:
+                given[key] = value if eq else (command[i + 1] if i + 1 < len(command) else "")
         try:
-            gpu = gpu_profile(name)
-        except KeyError:
-            return ()  # vllm-sim itself refuses it at start, with its list of profiles
-        return (GpuInfo(0, gpu.name, gpu.memory_bytes, gpu.memory_bytes),)
+            gpu = gpu_profile(given["--gpu"])
+            total = parse_bytes(given["--gpu-total-memory"]) if given["--gpu-total-memory"] else gpu.memory_bytes
+        except (KeyError, ValueError):
+            return ()  # vllm-sim itself refuses it at start, saying what it takes
+        return (GpuInfo(0, gpu.name, total, total),)
 
     def shape(self, model: str) -> ModelShape | None:
         """The sim's named profiles (meta-llama/Llama-3.1-8B-Instruct, ...) or a directory with config.json."""

@@ -14,7 +14,9 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   on the H100 and H200 (scripts/gpu_microbench.py: the models' own layer GEMMs and flash
   attention, bench/gpu_microbench_*.json), fitted on public measurements for the A100, and 0.85 /
   0.70 elsewhere (STREAM-like copies reach ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU);
-  attention's shares are the GEMMs' where nobody measured them;
+  attention's shares are the GEMMs' where nobody measured them; where the shares were measured on short
+  kernel runs, a whole step sustains ``GpuProfile.sustained_compute`` of the compute ones (0.6 on Hopper,
+  fitted on public prefill runs);
 - plus two all-reduces per layer under tensor parallelism (ring: 2 (tp-1)/tp x activation bytes
   over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
 - plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
@@ -24,10 +26,11 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   --enforce-eager launches every kernel (``eager_layer_s``, ~100 us per layer, about 15 kernels of
   ~6 us). A CPU host has no graphs: its compiled steps cost the piecewise figure.
 
-The host constants are round numbers from published vLLM profiles, except on the H100 (fitted) and
-the H200 (which takes the H100's); the A100's shares, the all-reduce latency of the calibrated GPUs and
-the API server's costs (``FrontEnd``) are fitted on public measurements too (bench/sim_fidelity.md
-has the errors on points held out of the fit). What
+The host constants are round numbers from published vLLM profiles, except on the H100 (its fixed part
+vLLM's scheduler as measured by scripts/bench_scheduler.py, its per-sequence part fitted) and the H200
+(which takes the H100's); the A100's shares and the all-reduce latency of the calibrated GPUs are fitted
+on public measurements too, the API server's costs (``FrontEnd``) measured on real vLLM
+(bench/sim_fidelity.md has the errors on points held out of the fit). What
 matters for the search is that the trade-offs point the right way and have the right order of
 magnitude: batching amortizes the weight reads until compute binds, long contexts make decode
 bandwidth-bound on KV, eager mode costs most at small batches.
@@ -63,9 +66,11 @@ class StepModel:
         self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / tp  # per token, per GPU
         g = self.gpu
         self._bw = g.bandwidth * g.bandwidth_efficiency
-        self._flops = g.bf16_flops * g.compute_efficiency
+        self._flops = g.bf16_flops * g.compute_efficiency * g.sustained_compute
         self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
-        self._attn_flops_rate = g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency)
+        self._attn_flops_rate = (
+            g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency) * g.sustained_compute
+        )
         self._act_bytes = 2 * s.hidden  # one token's activation, bf16
         self._graphs = capture_sizes(c)
         self._layers = s.layers
@@ -161,9 +166,10 @@ class FrontEnd:
 # the API-server process over bursts of 400 streamed requests, on this project's 2-core AMD EPYC VM), taken as they
 # are: the fit part of bench/sim_calibration.toml cannot tell a faster host core from this one (`scripts/
 # bench_sim_fidelity.py --fit-front-end`: log loss 0.0166 at 1x, 0.0164 at its optimum 3.1x). The per-prompt-token
-# cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had
-# found none, 0, where a request's own cost was confounded with the floor below). latency_s is the path outside that
+# cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had needed
+# none) and the per-token one 2.7x the fitted 37.5 us (the ceiling it sets, ~10k streamed tokens/s in one process, is
+# where Lambda's Llama-3-8B on 4 and 8 H100s plateaus). latency_s is the path outside that
 # process (the client, the socket, the hop to the engine core), a floor under TTFT fitted on the fit part's V1
 # low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8; bench/sim_fidelity.md).
-MEASURED_API_SERVER = FrontEnd(request_s=2.85e-3, prompt_token_s=2.07e-6, output_token_s=102e-6)
+MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=109e-6)
 API_SERVER = replace(MEASURED_API_SERVER, latency_s=0.050)

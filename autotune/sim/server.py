@@ -503,7 +503,7 @@ async def serve(opts: ServeOptions) -> int:
     c = opts.config
     log("INFO", "utils.py", f"vLLM API server version {VLLM_VERSION} (vllm-sim: simulated {opts.gpu.name})")
     log("INFO", "utils.py", f"non-default args: {opts.non_default_args}")
-    ignored = unmodelled(opts.non_default_args)
+    ignored = unmodelled(opts.non_default_args) + ([opts.shape.not_modelled] if opts.shape.not_modelled else [])
     if ignored:
         log("WARNING", "sim", f"not modelled, simulated as if absent: {', '.join(ignored)}")
     try:
