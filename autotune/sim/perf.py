@@ -168,8 +168,8 @@ class FrontEnd:
 # bench_sim_fidelity.py --fit-front-end`: log loss 0.0170 at 1x, 0.0168 at its optimum 3.8x). The per-prompt-token
 # cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had needed
 # none) and the per-token one 2.9x the fitted 37.5 us (the ceiling it sets, ~9k streamed tokens/s in one process, is
-# where Lambda's Llama-3-8B on 4 and 8 H100s plateaus). Each is the median of three rounds of bursts. latency_s is the path outside that
-# process (the client, the socket, the hop to the engine core), a floor under TTFT fitted on the fit part's V1
-# low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8; bench/sim_fidelity.md).
+# where Lambda's Llama-3-8B on 4 and 8 H100s plateaus). Each is the median of three rounds of bursts. latency_s is
+# the path outside that process (the client, the socket, the hop to the engine core), a floor under TTFT fitted on
+# the fit part's V1 low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8; bench/sim_fidelity.md).
 MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=109e-6)
 API_SERVER = replace(MEASURED_API_SERVER, latency_s=0.050)
