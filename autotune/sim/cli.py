@@ -14,8 +14,8 @@ and ignored. The sim's own options (``--gpu``, ``--time-scale``, ``--gpu-memory-
 may come before or after ``serve``; ``--gpu-total-memory`` makes the profile's card one of another
 memory size (an H100 64GB is ``--gpu h100-80gb --gpu-total-memory 64GiB``).
 
-MODEL is a named profile (llama-3.1-8b, qwen2.5-32b, llama-3.1-70b), a Hugging Face id of
-one of them, or a directory with config.json (and tokenizer.json, used to count prompts).
+MODEL is a named profile (llama-3.1-8b, qwen3-32b, ...: ``sim.profiles.MODELS``), a Hugging Face id
+of one of them, or a directory with config.json (and tokenizer.json, used to count prompts).
 
     vllm-sim [--gpu NAME] [--gpu-memory-used-by-others BYTES] predict MODEL [vLLM flags...]
              (--workload FILE | --scenario NAME --rate R [--requests N] [--prompt-tokens N|LO-HI]
@@ -446,12 +446,6 @@ def _run_predict(ns: argparse.Namespace) -> int:
     if engine is None:
         return 1
     shape, gpu, values, config = engine
-    if ns.gpu not in CALIBRATED:
-        print(
-            f"vllm-sim predict: note: the {ns.gpu} profile is its datasheet's peaks with default shares: no "
-            "measurement or public run calibrates it",
-            file=sys.stderr,
-        )
     if shape.not_modelled:
         raise ConfigError(
             f"vllm-sim does not model {ns.model_tag}: {shape.not_modelled}; predict a dense model, or measure it "
@@ -464,6 +458,12 @@ def _run_predict(ns: argparse.Namespace) -> int:
             "predict without it, or measure it on the GPU (autotune bench)"
         )
     workload = predict.load_workload(spec, ns.model_tag)
+    if ns.gpu not in CALIBRATED:
+        print(
+            f"vllm-sim predict: note: the {ns.gpu} profile is its datasheet's peaks with default shares: no "
+            "measurement or public run calibrates it",
+            file=sys.stderr,
+        )
     opts = predict.PredictOptions(
         model=ns.model_tag,
         served_name=(ns.served_model_name or [ns.model_tag])[0],
