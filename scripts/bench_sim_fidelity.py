@@ -68,7 +68,6 @@ METRICS = (("thr", "thr"), ("ttft_p50", "TTFT p50"), ("ttft_mean", "TTFT mean"),
 TARGETS = {"thr": 0.15, "e2e": 0.15, "tpot_p50": 0.15, "ttft_p50": 0.25}
 SHAREGPT_MEANS = (217393 / 1000, 201422 / 1000)  # gpustack's ShareGPT 1000-prompt totals, per prompt
 SHAREGPT_SIGMA = 1.0
-QUANTIZED = ("-FP8", "-AWQ", "-GPTQ", "-INT4", "-INT8")
 
 
 @dataclass
@@ -83,6 +82,7 @@ class Row:
     note: str = ""  # why the point is not modelled, or a caveat of the reproduction
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> (measured, predicted)
     kv_tokens: int | None = None  # the sim's KV pool, for the notes
+    moe: bool = False  # a mixture-of-experts model
 
     @property
     def modelled(self) -> bool:
@@ -192,12 +192,8 @@ def _estimated_max_len(lines: tuple[str, ...]) -> int | None:
 def _unsupported(point: dict[str, Any]) -> str | None:
     from autotune.sim.config import unmodelled
 
-    if point.get("moe"):
-        return "mixture-of-experts model: no MoE model"
     if point["gpu"] not in GPUS:
         return f"GPU {point['gpu']!r} has no vllm-sim profile"
-    if any(q.lower() in point["model"].lower() for q in QUANTIZED):
-        return "quantized weights: no quantized-kernel model"
     try:
         shape = model_shape(point["model"])
     except KeyError:
@@ -219,6 +215,7 @@ def run_point(point: dict[str, Any], gpus: dict[str, GpuProfile] | None = None,
         return row
     gpu = (gpus or GPUS)[point["gpu"]]
     shape = model_shape(point["model"])
+    row.moe = shape.experts > 0
     values = engine_values(point, gpu)
     config = SimConfig.from_args(values, gpu, shape)
     if eras and point["era"] == "v0":
@@ -318,15 +315,19 @@ def table(rows: list[Row], title: str) -> str:
     for r in rows:
         lines.append("| " + " | ".join([r.id, r.gpu, r.model, r.kind, *(_cell(r, k) for k, _ in METRICS),
                                         r.note or ""]) + " |")
+    lines.append("")
+    lines.append(error_line(rows, title))
+    return "\n".join(lines)
+
+
+def error_line(rows: list[Row], title: str) -> str:
     errs = []
     for k, h in METRICS:
         e = mdape(rows, k)
         n = sum(k in r.values for r in rows)
         tgt = f", target {TARGETS[k]:.0%}" if k in TARGETS else ""
         errs.append(f"{h} {'-' if e is None else f'{e:.0%}'} (n={n}{tgt})")
-    lines.append("")
-    lines.append(f"median absolute error, {title}: " + "; ".join(errs))
-    return "\n".join(lines)
+    return f"median absolute error, {title}: " + "; ".join(errs)
 
 
 def regime_errors(rows: list[Row]) -> dict[str, dict[str, Any]]:
@@ -425,6 +426,7 @@ SHARES_MEASURED = {"h100-80gb", "h200-141gb"}
 HOST_BOUNDS = {"host_step_s": (0.0, 5e-3), "host_seq_s": (0.0, 50e-6)}
 ALLREDUCE_BOUNDS = {"allreduce_latency_s": (0.0, 60e-6)}
 SUSTAINED_BOUNDS = {"sustained_compute": (0.2, 1.0)}
+MOE_BOUNDS = {"grouped_gemm_share": (0.1, 1.0)}
 
 
 def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[float, float]],
@@ -492,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-sustained", metavar="GPU", action="append", default=[],
                     help="fit the share of GPU's measured compute rates a whole vLLM step sustains, on the fit part's "
                          "points on it (its prefill points decide it), and print it")
+    ap.add_argument("--fit-moe", metavar="GPU", action="append", default=[],
+                    help="fit the share of GPU's GEMM rate a MoE layer's grouped GEMMs reach, on the fit part's "
+                         "mixture-of-experts points on it, and print it")
     ap.add_argument("--fit-front-end", action="store_true",
                     help="fit the API server's constants on the fit part's V1 serving points (short runs only) and print them")
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
@@ -529,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         if gpu not in GPUS:
             ap.error(f"--fit-sustained {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
         fits.append((gpu, fit_part, SUSTAINED_BOUNDS))
+    for gpu in a.fit_moe:
+        if gpu not in GPUS:
+            ap.error(f"--fit-moe {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
+        fits.append((gpu, [p for p in fit_part if not _unsupported(p) and model_shape(p["model"]).experts], MOE_BOUNDS))
     for gpu, part, bounds in fits:
         c, v = fit_profile(part, gpu, bounds)
         print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)
@@ -549,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         sel = [r for r in rows if r.split == part and (not r.group or (r.modelled and part == "held-out"))]
         if sel:
             print(table(sel, part))
+            for moe in (True, False):
+                family = [r for r in sel if r.moe == moe]
+                if family and len(family) < len(sel):
+                    print(error_line(family, f"{part}, {'mixture-of-experts' if moe else 'dense'} models"))
             print()
     print(regime_table(rows))
     print()

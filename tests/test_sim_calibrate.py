@@ -168,14 +168,32 @@ def test_a_study_whose_engine_args_the_simulator_does_not_model_does_not_simulat
     cal.save(cal.Calibration("cpu", str(tiny_model), {"host_step_s": 0.02}, 1.0, 0.2, 9, [0, 1, 2], "earlier"), tmp_path)
     target = advisor_target(d, LoadSteps(d.workload, d.objective.step_seconds))
     assert learning_simulator(target)[0].predicts
-    advisor, why = learning_simulator(replace(target, fixed={**target.fixed, "quantization": "fp8"}))
-    assert not advisor.predicts and why == "vllm-sim does not model --quantization fp8"
-    advisor, why = learning_simulator(replace(target, varied=target.varied | {"pipeline_parallel_size"}))
-    assert not advisor.predicts and why == "vllm-sim does not model --pipeline-parallel-size"
-    assert learning_simulator(replace(target, fixed={**target.fixed, "pipeline_parallel_size": 1}))[0].predicts
-    moe = replace(target.shape, not_modelled="mixture of experts (32 experts)")
-    advisor, why = learning_simulator(replace(target, shape=moe))
-    assert not advisor.predicts and why == "vllm-sim does not model this model: mixture of experts (32 experts)"
+    advisor, why = learning_simulator(replace(target, fixed={**target.fixed, "quantization": "gptq"}))
+    assert not advisor.predicts and why == "vllm-sim does not model --quantization gptq"
+    advisor, why = learning_simulator(replace(target, varied=target.varied | {"data_parallel_size"}))
+    assert not advisor.predicts and why == "vllm-sim does not model --data-parallel-size"
+    assert learning_simulator(replace(target, fixed={**target.fixed, "data_parallel_size": 1}))[0].predicts
+    mla = replace(target.shape, not_modelled="multi-head latent attention (kv_lora_rank)")
+    advisor, why = learning_simulator(replace(target, shape=mla))
+    assert not advisor.predicts and why == "vllm-sim does not model this model: multi-head latent attention (kv_lora_rank)"
+
+
+def test_a_mixture_of_experts_study_simulates_first_and_ranks_by_its_shape(tmp_path, monkeypatch, tiny_model):
+    """studies/sim-h100-gpt-oss-20b-chat.toml: gpt-oss-20b (32 experts, MXFP4) on an H100 profile gets the
+    simulator, which starts every config the 16 GiB of weights leave room for and predicts a capacity for it."""
+    from autotune.sim.advisor import simulator
+    from autotune.study.definition import load_study
+    from autotune.study.runner import advisor_target
+
+    monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path))
+    d = load_study(example_study("sim-h100-gpt-oss-20b-chat", tiny_model, tmp_path))
+    target = advisor_target(d, LoadSteps(d.workload, d.objective.step_seconds))
+    assert target.shape.experts == 32 and target.shape.weight_quant == "mxfp4"
+    sim, why = simulator(target, calibrated=False)
+    assert sim is not None, why
+    assert "h100-80gb" in why
+    small, large = sim.one({"max_num_seqs": 8}), sim.one({"max_num_seqs": 256})
+    assert large.capacity_rps > small.capacity_rps > 0  # both start (None: it would not)
 
 
 def test_calibrate_fits_a_studys_trials_and_the_next_study_predicts_with_it(tmp_path, tiny_model):

@@ -746,3 +746,143 @@ def test_the_api_servers_cost_per_request_makes_a_burst_of_short_requests_gpu_in
     assert engine_a100 > 2 * engine_h100  # the engines alone differ
     assert served_a100 < 1.1 * served_h100  # the API server sets the pace
     assert served_h100 >= 1000 * API_SERVER.request_s
+
+
+# --- mixtures of experts, quantized weights, sliding windows (issue 29) -------------------------
+
+# gpt-oss-20b by hand, from its config.json: hidden 2880, 64 query and 8 KV heads of 64, 24 layers (12 of them
+# sliding-window), 32 experts of width 2880, 4 per token, vocabulary 201088, MXFP4 experts (4.25 bits a weight)
+OSS_ATTENTION = 2880 * 64 * 64 + 2 * 2880 * 8 * 64 + 64 * 64 * 2880  # q, k and v, o
+OSS_EXPERT = 3 * 2880 * 2880
+OSS_ROUTER = 2880 * 32
+OSS_EMBEDDINGS = 2 * 201088 * 2880  # untied: the embedding table and the LM head
+
+
+def test_moe_parameters_and_weight_bytes_by_hand():
+    s = model_shape("openai/gpt-oss-20b")
+    assert s.active_params == 24 * (OSS_ATTENTION + 4 * OSS_EXPERT + OSS_ROUTER)
+    assert s.params == 24 * (OSS_ATTENTION + 32 * OSS_EXPERT + OSS_ROUTER) + OSS_EMBEDDINGS
+    experts = 24 * 32 * OSS_EXPERT * 4.25 / 8
+    assert s.expert_weights_bytes == pytest.approx(experts)
+    assert s.weights_bytes == pytest.approx(experts + 2 * (24 * (OSS_ATTENTION + OSS_ROUTER) + OSS_EMBEDDINGS))
+    # and the checkpoint itself: model.safetensors.index.json's total_size
+    assert s.weights_bytes == pytest.approx(13_761_264_768, rel=0.005)
+    # KV: only the 12 full-attention layers hold a token's K and V for the whole context
+    assert s.kv_bytes_per_token() == 2 * 12 * 8 * 64 * 2
+
+
+def test_moe_step_time_by_hand():
+    """A decode step of one sequence reads the dense weights and the 4 experts it is routed to in each layer; a
+    large prefill reads every expert once and computes only the routed ones."""
+    m = step_model("openai/gpt-oss-20b")
+    assert m.experts_read(1) == pytest.approx(4)
+    assert m.experts_read(2) == pytest.approx(32 * (1 - (28 / 32) ** 2))
+    assert m.experts_read(8192) == pytest.approx(32)
+    s, g = model_shape("openai/gpt-oss-20b"), H100
+    expert_bytes = s.expert_weights_bytes / (24 * 32)
+    dense_bytes = s.weights_bytes - s.expert_weights_bytes
+    kv_token = 2 * 8 * 64 * 2  # one layer's K and V of one token
+    ctx = 1000
+    # one token: memory-bound linear layers, then attention over 1001 tokens in 12 layers and the window in 12
+    linear = (dense_bytes + 24 * 4 * expert_bytes + 24 * kv_token) / (g.bandwidth * g.bandwidth_efficiency)
+    attention = (12 * (ctx + 1) + 12 * 128) * kv_token / (g.bandwidth * g.attention_bandwidth_efficiency)
+    host = (g.host_step_s + g.host_seq_s) / 2  # async scheduling overlaps half
+    launch = 5e-6 * 24  # one CUDA graph replay
+    assert m.step_seconds(decode_plan(1, ctx)) == pytest.approx(linear + attention + host + launch, rel=1e-9)
+    # 8192 prompt tokens: compute-bound on the active parameters, the routed experts at the grouped GEMMs' share
+    flops = 8192 * 2 * (24 * (OSS_ATTENTION + OSS_ROUTER) + 24 * 4 * OSS_EXPERT / g.grouped_gemm_share)
+    flops += 2 * 2880 * 201088  # the LM head, for the one sampled sequence
+    rate = g.bf16_flops * g.compute_efficiency * g.sustained_compute
+    t = m.step_seconds(prefill_plan(8192))
+    assert t > flops / rate
+    assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(flops / rate + host + 25e-6 * 24, rel=1e-9)
+
+
+def test_a_moe_model_decodes_faster_than_a_dense_model_of_a_third_its_size():
+    """gpt-oss-20b (21B parameters, 3.6B active, MXFP4 experts) reads less per decode step than a dense 8B in bf16;
+    its prefill is compute-bound on the grouped GEMMs, which reach a third of a dense GEMM's rate on an H100."""
+    moe, dense = step_model("openai/gpt-oss-20b"), step_model("llama-3.1-8b")
+    for batch in (1, 64):
+        assert moe.step_seconds(decode_plan(batch)) < dense.step_seconds(decode_plan(batch))
+
+
+def test_fp8_weights_halve_the_weight_bytes():
+    bf16 = model_shape("llama-3.1-70b")
+    fp8 = bf16.served("fp8")
+    embeddings = 2 * 128256 * 8192 * 2  # the embedding table and the LM head stay bf16
+    assert fp8.weights_bytes == pytest.approx((bf16.weights_bytes - embeddings) / 2 + embeddings, rel=1e-6)
+    # a checkpoint quantized to fp8 (quantization_config) is the same shape as fp8 applied at load
+    assert model_shape("neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8").weights_bytes == fp8.weights_bytes
+    assert fp8.served("fp8") is fp8 and bf16.served(None) is bf16
+
+
+def test_a_70b_in_fp8_fits_one_h100_where_bf16_does_not():
+    """As people run it: ``--quantization fp8 --gpu-memory-utilization 0.95 --max-num-seqs 256`` at an 8K context."""
+    args = {"max_model_len": 8192, "gpu_memory_utilization": 0.95, "max_num_seqs": 256}
+    bf16, _ = startup("llama-3.1-70b", **args)
+    fp8, _ = startup("llama-3.1-70b", **args, quantization="fp8")
+    assert bf16.plan is None and bf16.failure[0].startswith("torch.OutOfMemoryError")
+    assert fp8.plan is not None and fp8.plan.kv_tokens >= 8192
+    assert 60 * GiB < fp8.plan.weights < 70 * GiB
+    # the real engine's pre-check agrees: the weights alone exceed the budget only in bf16
+    from autotune.engine.args import EngineArgs
+    from autotune.engine.vllm.precheck import precheck
+
+    shape = model_shape("llama-3.1-70b")
+    args = {"max_model_len": 8192, "gpu_memory_utilization": 0.92}
+    assert "the weights alone" in precheck(shape, EngineArgs(args), "cuda", H100.memory_bytes)
+    assert precheck(shape, EngineArgs({**args, "quantization": "fp8"}), "cuda", H100.memory_bytes) is None
+
+
+def test_fp8_weights_compute_at_the_fp8_rate_only_where_the_gpu_has_one():
+    a100 = gpu_profile("a100-80gb")
+    shape = model_shape("qwen3-8b")
+
+    def model(gpu, **args):
+        return StepModel(shape, gpu, SimConfig.from_args(args, gpu, shape))
+
+    # a prefill is compute-bound: fp8 GEMMs on an H100, bf16 ones (weight-only kernels) on an A100
+    assert model(H100, quantization="fp8").step_seconds(prefill_plan(8192)) < 0.8 * model(H100).step_seconds(
+        prefill_plan(8192))
+    assert model(a100, quantization="fp8").step_seconds(prefill_plan(8192)) == pytest.approx(
+        model(a100).step_seconds(prefill_plan(8192)), rel=0.02)
+    # a small decode batch is weight-read bound: half the bytes on both
+    for gpu in (H100, a100):
+        assert model(gpu, quantization="fp8").step_seconds(decode_plan(1)) < 0.75 * model(gpu).step_seconds(
+            decode_plan(1))
+
+
+def test_sliding_window_layers_read_only_the_window():
+    m = step_model("openai/gpt-oss-20b")
+    short, long = m.step_seconds(decode_plan(64, ctx=200)), m.step_seconds(decode_plan(64, ctx=20000))
+    # half the layers read 100x the context, the other half the same 128 tokens
+    full_only = m.seconds(64, 64, 64, 64 * 20001, 64 * 20001, True)  # every layer charged the whole context
+    assert short < long < full_only
+
+
+def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory():
+    """Qwen3-235B on 4 GPUs: with --enable-expert-parallel each GPU holds 32 whole experts instead of a quarter of
+    all 128. One token's 8 experts land on the GPUs unevenly, so a small decode step waits for the busiest; a
+    large batch touches every expert everywhere and costs the same either way."""
+    model = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
+    tp, ep = step_model(model, tensor_parallel_size=4), step_model(model, tensor_parallel_size=4,
+                                                                    enable_expert_parallel=True)
+    assert tp.experts_read(1) == pytest.approx(8)  # quarter-width experts: 2 whole experts' bytes a GPU
+    assert 2 < ep.experts_read(1) < 8  # whole experts: the busiest GPU of four holds more than the mean 2
+    assert ep.experts_read(10_000) == pytest.approx(32)
+    assert ep.step_seconds(decode_plan(1)) > 1.1 * tp.step_seconds(decode_plan(1))
+    assert ep.step_seconds(decode_plan(256)) == pytest.approx(tp.step_seconds(decode_plan(256)), rel=0.02)
+    a, _ = startup(model, tensor_parallel_size=4, max_model_len=32768)
+    b, _ = startup(model, tensor_parallel_size=4, max_model_len=32768, enable_expert_parallel=True)
+    assert a.plan is not None and a.plan.kv_tokens == b.plan.kv_tokens
+
+
+def test_pipeline_stages_split_the_layers_and_the_batch():
+    """gpt-oss-120b on two GPUs as two pipeline stages: a decode batch runs as two micro-batches, each through both
+    stages; a single sequence cannot be split, so its step takes as long as on one GPU; the KV cache doubles."""
+    one, two = step_model("openai/gpt-oss-120b"), step_model("openai/gpt-oss-120b", pipeline_parallel_size=2)
+    assert two.step_seconds(prefill_plan(8192)) == pytest.approx(one.step_seconds(prefill_plan(8192)), rel=0.01)
+    assert two.step_seconds(decode_plan(256)) < one.step_seconds(decode_plan(256))
+    a, _ = startup("openai/gpt-oss-120b", max_model_len=32768)
+    b, _ = startup("openai/gpt-oss-120b", max_model_len=32768, pipeline_parallel_size=2)
+    assert b.plan.kv_tokens > 2 * a.plan.kv_tokens  # each stage's weights are half: more than twice the room

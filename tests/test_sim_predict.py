@@ -116,10 +116,10 @@ def test_a_config_vllm_refuses_is_invalid_args(tmp_path):
     (["llama-3.1-8b", "--scenario", "chat", "--rate", "4", "--slo", "ttft<<1"], "SLO"),
     (["--scenario", "chat", "--rate", "4"], "required: MODEL"),
     (["llama-3.1-8b", "--gpu-total-memory", "lots", "--scenario", "chat", "--rate", "4"], "--gpu-total-memory"),
-    (["llama-3.1-70b", "--quantization", "fp8", "--scenario", "chat", "--rate", "4"],
-     "vllm-sim does not model --quantization fp8"),
-    (["llama-3.1-8b", "-pp", "2", "--speculative-config", '{"method": "ngram"}', "--scenario", "chat", "--rate", "4"],
-     "does not model --pipeline-parallel-size 2, --speculative-config"),
+    (["llama-3.1-70b", "--quantization", "awq", "--scenario", "chat", "--rate", "4"],
+     "vllm-sim does not model --quantization awq"),
+    (["llama-3.1-8b", "-dp", "2", "--speculative-config", '{"method": "ngram"}', "--scenario", "chat", "--rate", "4"],
+     "does not model --data-parallel-size 2, --speculative-config"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, says):
     r = predict("predict", *args)
@@ -190,8 +190,8 @@ def test_a_card_of_another_memory_size_sizes_the_kv_cache_by_it(tmp_path, capsys
 
 
 @pytest.mark.parametrize("extra,says", [
-    ({"num_experts": 128, "moe_intermediate_size": 768}, "mixture of experts (128 experts)"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantized weights (fp8)"),
+    ({"kv_lora_rank": 512}, "multi-head latent attention (kv_lora_rank)"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantized weights (awq)"),
     ({"layer_types": ["linear_attention", "full_attention"] * 16}, "hybrid attention (linear_attention layers)"),
 ])
 def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra, says):
@@ -202,8 +202,8 @@ def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra
     (model / "config.json").write_text(json.dumps({**MODELS["llama-3.1-8b"], **extra}))
     r = predict("predict", str(model), "--scenario", "chat", "--rate", "2")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [f"vllm-sim predict: error: vllm-sim does not model {model}: {says}; predict a "
-                                     "dense model, or measure it on the GPU (autotune bench)"]
+    assert r.stderr.splitlines() == [f"vllm-sim predict: error: vllm-sim does not model {model}: {says}; measure it "
+                                     "on the GPU instead (autotune bench)"]
 
 
 def test_a_profile_of_datasheet_figures_says_so(capsys):

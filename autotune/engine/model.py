@@ -6,8 +6,11 @@ the engine's ``revision``, the way vLLM finds it there; on request, config.json 
 alone are downloaded into that cache (never the weights: those are the engine's to fetch).
 
 The pre-check (engine/vllm/precheck.py) needs the KV bytes per token and the weights; vllm-sim's
-performance model (sim/) also needs the parameter count per layer and the vocabulary. Dense
-decoder-only transformers (Llama, Qwen2, Mistral) with GQA; MoE and MLA are not modelled.
+performance model (sim/) also needs the parameters a token passes through and the vocabulary.
+Decoder-only transformers with GQA (Llama, Qwen2/3, Mistral), their mixture-of-experts kin (gpt-oss,
+Qwen3-MoE, Mixtral, DeepSeek-style shared experts and leading dense layers), sliding-window layers
+(gpt-oss, Gemma), and fp8 or MXFP4 weights; what else a config.json holds (MLA, linear-attention
+layers, other quantizations) is named in ``ModelShape.not_modelled``.
 """
 
 from __future__ import annotations
@@ -132,8 +135,23 @@ class ModelShape:
     intermediate: int = 0
     vocab: int = 0
     tied_embeddings: bool = False
-    # what of the architecture this dense-decoder shape leaves out ("" when nothing): its parameters, memory and
-    # step time are then wrong, so whatever estimates from it says so instead of estimating
+    # mixture of experts: routed experts per MoE layer (0: a dense model), how many a token is routed to, one
+    # expert's MLP width, the always-on shared experts' width (summed), and the leading layers that keep a dense
+    # MLP of ``intermediate`` (DeepSeek's and GLM's first_k_dense_replace)
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    dense_layers: int = 0
+    # layers whose attention sees only the last ``sliding_window`` tokens (config.json's layer_types)
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    # how the checkpoint's weights are stored when not in ``dtype`` (quantization_config, or --quantization
+    # fp8 applied by ``served``): "fp8" (every decoder linear layer, 1 byte) or "mxfp4" (the experts only,
+    # 4 bits and one 8-bit scale per 32 values: gpt-oss)
+    weight_quant: str = ""
+    # what of the architecture this shape leaves out ("" when nothing): its parameters, memory and step time
+    # are then wrong, so whatever estimates from it says so instead of estimating
     not_modelled: str = ""
 
     @classmethod
@@ -142,6 +160,12 @@ class ModelShape:
         cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg.get("hidden_size") or 0)
+        experts = max(int(cfg.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        moe = cfg if experts else {}  # a dense config's intermediate_size is not an expert's
+        expert_intermediate = int(moe.get("moe_intermediate_size") or moe.get("intermediate_size") or 0)
+        shared = int(moe.get("shared_expert_intermediate_size") or 0)
+        shared = shared or int(moe.get("n_shared_experts") or 0) * expert_intermediate
+        layer_types = list(cfg.get("layer_types") or ())
         shape = cls(
             layers=int(cfg["num_hidden_layers"]),
             kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -154,10 +178,17 @@ class ModelShape:
             intermediate=int(cfg.get("intermediate_size") or 0),
             vocab=int(cfg.get("vocab_size") or 0),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            experts=experts,
+            experts_per_token=int(moe.get("num_experts_per_tok") or moe.get("experts_per_token") or 0),
+            expert_intermediate=expert_intermediate,
+            shared_intermediate=shared,
+            dense_layers=int(moe.get("first_k_dense_replace") or len(moe.get("mlp_only_layers") or ())),
+            sliding_layers=layer_types.count("sliding_attention"),
+            sliding_window=int(cfg.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0,
+            weight_quant=_weight_quant(quantized),
             not_modelled=_not_modelled(cfg, quantized),
         )
-        est = shape.params * DTYPE_BYTES.get(shape.dtype, 2)
-        return shape.with_weights(weights_bytes if weights_bytes else est)
+        return shape.with_weights(weights_bytes if weights_bytes else shape.estimated_weights_bytes)
 
     @classmethod
     def from_dir(cls, path: str | Path | None) -> ModelShape | None:
@@ -174,38 +205,114 @@ class ModelShape:
     def with_weights(self, weights_bytes: int) -> ModelShape:
         return replace(self, weights_bytes=int(weights_bytes))
 
+    def served(self, quantization: str | None) -> ModelShape:
+        """The shape as ``vllm serve --quantization`` loads it: ``fp8`` quantizes an unquantized checkpoint's
+        linear layers to one byte a weight as it loads (vLLM's online fp8), so the weights shrink to the estimate
+        at fp8; a checkpoint's own quantization, or no flag, leaves it as it is. Other methods are unmodelled
+        (sim/config.UNMODELLED)."""
+        if quantization != "fp8" or self.weight_quant:
+            return self
+        fp8 = replace(self, weight_quant="fp8")
+        return fp8.with_weights(round(self.weights_bytes * fp8.estimated_weights_bytes / self.estimated_weights_bytes))
+
     @property
-    def params_per_layer(self) -> int:
-        """Attention (q, k, v, o) and a gated MLP (gate, up, down); norms are negligible."""
+    def attention_params(self) -> int:
+        """One layer's q, k, v and o projections."""
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        o = self.heads * self.head_dim * self.hidden
-        return q + kv + o + 3 * self.hidden * self.intermediate
+        return q + kv + self.heads * self.head_dim * self.hidden
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's gated MLP (gate, up, down)."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def active_params(self) -> int:
+        """The linear layers' parameters one token passes through: attention, the dense MLPs, and in each MoE
+        layer its router, shared experts and ``experts_per_token`` routed experts (norms are negligible; the
+        embedding lookup computes nothing, the LM head is counted per sampled sequence)."""
+        dense_mlp = (self.layers - self.moe_layers) * 3 * self.hidden * self.intermediate
+        routed = self.experts_per_token * self.expert_params
+        moe = self.moe_layers * (routed + 3 * self.hidden * self.shared_intermediate + self.hidden * self.experts)
+        return self.layers * self.attention_params + dense_mlp + moe
 
     @property
     def params(self) -> int:
+        """Every parameter: all experts, not only the active ones."""
+        return (
+            self.active_params
+            + self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
+            + (self.vocab * self.hidden * (1 if self.tied_embeddings else 2))
+        )
+
+    @property
+    def expert_weights_bytes(self) -> int:
+        """The routed experts' bytes, all MoE layers (estimated from the shape and ``weight_quant``)."""
+        elem = {"fp8": 1.0, "mxfp4": 4.25 / 8}.get(self.weight_quant, DTYPE_BYTES.get(self.dtype, 2))
+        return round(self.moe_layers * self.experts * self.expert_params * elem)
+
+    @property
+    def estimated_weights_bytes(self) -> int:
+        """The weights' bytes from the shape: the experts as ``expert_weights_bytes``, the other decoder linear
+        layers at one byte under fp8, the embeddings and LM head at ``dtype`` (vLLM leaves them unquantized)."""
+        elem = DTYPE_BYTES.get(self.dtype, 2)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * self.params_per_layer + embeddings
+        other_linear = self.params - embeddings - self.moe_layers * self.experts * self.expert_params
+        return (
+            self.expert_weights_bytes
+            + round(other_linear * (1 if self.weight_quant == "fp8" else elem))
+            + (embeddings * elem)
+        )
 
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element (KV heads, not query heads: GQA)."""
+        """2 (K and V) x layers x KV heads x head dim x bytes per element (KV heads, not query heads: GQA).
+
+        Sliding-window layers are left out: vLLM's hybrid KV cache manager keeps only the window's blocks
+        for them, a bounded amount per request rather than per token of context."""
+        return (
+            2
+            * (self.layers - self.sliding_layers)
+            * self.kv_heads
+            * self.head_dim
+            * self.kv_element_bytes(kv_cache_dtype, dtype)
+        )
+
+    def kv_element_bytes(self, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
         if kv_cache_dtype not in ("auto", None):
-            elem = DTYPE_BYTES.get(kv_cache_dtype, 2)
-        else:
-            elem = DTYPE_BYTES.get(self.dtype if dtype in ("auto", None) else dtype, 2)
-        return 2 * self.layers * self.kv_heads * self.head_dim * elem
+            return DTYPE_BYTES.get(kv_cache_dtype, 2)
+        return DTYPE_BYTES.get(self.dtype if dtype in ("auto", None) else dtype, 2)
+
+
+def _weight_quant(quantized: Any) -> str:
+    """The modelled weight format a quantization_config names ("fp8", "mxfp4"), else ""."""
+    if not isinstance(quantized, dict):
+        return ""
+    method = str(quantized.get("quant_method", ""))
+    if method in ("fp8", "fbgemm_fp8", "mxfp4"):
+        return "fp8" if "fp8" in method else method
+    if method == "compressed-tensors":
+        weights = [g.get("weights") or {} for g in (quantized.get("config_groups") or {}).values()]
+        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights):
+            return "fp8"
+    return ""
 
 
 def _not_modelled(cfg: dict[str, Any], quantized: Any) -> str:
-    """What a config.json holds beyond a dense decoder of full-attention layers and unquantized weights."""
+    """What a config.json holds beyond what ``ModelShape`` models (its module docstring)."""
     missing = []
-    experts = max(int(cfg.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
-    if experts:
-        missing.append(f"mixture of experts ({experts} experts)")
+    if cfg.get("kv_lora_rank"):
+        missing.append("multi-head latent attention (kv_lora_rank)")
+    if int(cfg.get("decoder_sparse_step") or 1) > 1:
+        missing.append(f"MoE in every {cfg['decoder_sparse_step']}th layer (decoder_sparse_step)")
     kinds = set(cfg.get("layer_types") or ()) - {"full_attention", "sliding_attention"}
     if kinds:
         missing.append(f"hybrid attention ({', '.join(sorted(kinds))} layers)")
-    if isinstance(quantized, dict):
+    if isinstance(quantized, dict) and not _weight_quant(quantized):
         missing.append(f"quantized weights ({quantized.get('quant_method', 'quantization_config')})")
     return "; ".join(missing)
 

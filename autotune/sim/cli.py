@@ -448,8 +448,8 @@ def _run_predict(ns: argparse.Namespace) -> int:
     shape, gpu, values, config = engine
     if shape.not_modelled:
         raise ConfigError(
-            f"vllm-sim does not model {ns.model_tag}: {shape.not_modelled}; predict a dense model, or measure it "
-            "on the GPU (autotune bench)"
+            f"vllm-sim does not model {ns.model_tag}: {shape.not_modelled}; measure it on the GPU instead "
+            "(autotune bench)"
         )
     ignored = unmodelled(values)
     if ignored:

@@ -2,9 +2,9 @@
 
 Every other `vllm serve` flag is accepted (the CLI checks it against vLLM's flag table). Those that
 leave speed and memory alone (ports, logging, the served name) have no effect on the simulation; those
-that change them and are not modelled (``UNMODELLED``: quantized weights, pipeline and data
-parallelism, speculative decoding, ...) are named by ``unmodelled``: ``vllm-sim predict`` refuses them,
-``vllm-sim serve`` logs a warning, and a study does not simulate first.
+that change them and are not modelled (``UNMODELLED``: quantization other than fp8, data parallelism,
+speculative decoding, ...) are named by ``unmodelled``: ``vllm-sim predict`` refuses them, ``vllm-sim
+serve`` logs a warning, and a study does not simulate first.
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ __all__ = ["SimConfig", "capture_sizes", "unmodelled", "UNMODELLED"]
 
 # vLLM flags that change a step's speed or the memory plan and that the simulator does not model, each with
 # the value at which it changes nothing (vLLM's default, or an equivalent): any other value is unmodelled.
+# ``MODELLED_VALUES`` are the other values of these flags that are modelled.
 UNMODELLED: dict[str, Any] = {
-    "quantization": None,  # weight bytes and GEMM speed of fp8, AWQ, GPTQ checkpoints
+    "quantization": None,  # AWQ, GPTQ, bitsandbytes, ...: fp8 is modelled (ModelShape.served)
     "quantization_config": None,
-    "pipeline_parallel_size": 1,  # the memory split is modelled, the stages' timing and bubbles are not
     "data_parallel_size": 1,
     "decode_context_parallel_size": 1,
     "speculative_config": None,
     "performance_mode": "balanced",
-    "enable_expert_parallel": False,
     "enable_dbo": False,
     "cpu_offload_gb": 0,
     "kv_offloading_size": None,
     "enable_lora": False,
 }
+MODELLED_VALUES: dict[str, tuple[Any, ...]] = {"quantization": ("fp8",)}
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,10 @@ class SimConfig:
     long_prefill_token_threshold: int = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     kv_cache_dtype: str = "auto"
     dtype: str = "auto"
+    quantization: str | None = None  # --quantization: "fp8" is modelled (ModelShape.served), others refused
     load_format: str = "auto"
     stream_interval: int = 1
     max_cudagraph_capture_size: int | None = None
@@ -87,8 +89,10 @@ class SimConfig:
             long_prefill_token_threshold=int(v.get("long_prefill_token_threshold") or 0),
             tensor_parallel_size=int(v.get("tensor_parallel_size") or 1),
             pipeline_parallel_size=int(v.get("pipeline_parallel_size") or 1),
+            enable_expert_parallel=bool(v.get("enable_expert_parallel", False)),
             kv_cache_dtype=str(v.get("kv_cache_dtype") or "auto"),
             dtype=str(v.get("dtype") or "auto"),
+            quantization=str(v["quantization"]) if v.get("quantization") else None,
             load_format=str(v.get("load_format") or "auto"),
             stream_interval=int(v.get("stream_interval") or 1),
             max_cudagraph_capture_size=(
@@ -130,6 +134,8 @@ def unmodelled(values: Mapping[str, Any]) -> list[str]:
     for name, neutral in UNMODELLED.items():
         v = values.get(name)
         if v is None or v == neutral or (neutral == 1 and v in ("1", 1.0)) or (neutral == 0 and v in ("0", 0.0)):
+            continue
+        if v in MODELLED_VALUES.get(name, ()):
             continue
         flag = "--" + name.replace("_", "-")
         out.append(flag if v is True else f"{flag} {v}")

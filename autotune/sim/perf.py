@@ -1,12 +1,15 @@
 """How long one engine step takes: a roofline plus the host's overhead.
 
 A step computes ``T`` new tokens for ``S`` sequences. Per GPU (tensor parallelism splits the
-weights, the heads and the KV cache; pipeline parallelism is not modelled beyond memory):
+weights, the heads and the KV cache; pipeline parallelism splits the layers):
 
-- bytes moved: every weight once, the KV cache of every scheduled sequence's context (read by
-  attention), the new tokens' KV (written);
-- FLOPs: 2 x parameters x T for the matmuls, 2 x hidden x vocab per sampled sequence for the
-  LM head, and 4 x layers x heads x head_dim x (new tokens x context) for attention;
+- bytes moved: every weight once (of a mixture of experts, the routed experts the step's tokens
+  touch: ``StepModel.experts_read``), the KV cache of every scheduled sequence's context (read by
+  attention; a sliding-window layer reads at most its window), the new tokens' KV (written);
+- FLOPs: 2 x active parameters x T for the matmuls (``ModelShape.active_params``: a MoE token's
+  routed experts only), 2 x hidden x vocab per sampled sequence for the LM head, and 4 x layers x
+  heads x head_dim x (new tokens x context) for attention; fp8 weights compute at the GPU's fp8 peak
+  where it has one (``GpuProfile.fp8_flops``), MXFP4 weights at bf16 (weight-only kernels);
 - time = two rooflines, one after the other, as the kernels run: the linear layers
   max(weight bytes / (bandwidth x e_bw), matmul FLOPs / (peak x e_flops)) plus attention
   max(KV bytes / (bandwidth x e_attn_bw), attention FLOPs / (peak x e_attn_flops)). The e's are
@@ -19,6 +22,8 @@ weights, the heads and the KV cache; pipeline parallelism is not modelled beyond
   fitted on public prefill runs);
 - plus two all-reduces per layer under tensor parallelism (ring: 2 (tp-1)/tp x activation bytes
   over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
+  expert parallelism puts whole experts on each GPU, and the step waits for the GPU whose experts
+  drew the most tokens; pipeline parallelism runs micro-batches through its stages (``seconds``);
 - plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
   ``host_seq_s`` per sequence, 1.2 ms + 4 us by default; --async-scheduling overlaps about half of it
   with the GPU) and kernel launches: with CUDA graphs, a decode-only batch that fits a captured size
@@ -39,6 +44,7 @@ bandwidth-bound on KV, eager mode costs most at small batches.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, replace
 
 from autotune.engine.model import ModelShape
@@ -56,51 +62,149 @@ class StepModel:
     config: SimConfig
 
     def __post_init__(self) -> None:
-        s, c = self.shape, self.config
-        tp = c.tensor_parallel_size
-        self._tp = tp
-        self._weights = s.weights_bytes / tp  # pipeline stages run one after another: no time saved
-        self._matmul_flops = 2 * (s.layers * s.params_per_layer) / tp  # per token
-        self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence
-        self._attn_flops = 4 * s.layers * s.heads * s.head_dim / tp  # per (new token x context token)
-        self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / tp  # per token, per GPU
+        c = self.config
+        s = self.shape.served(c.quantization)
+        tp, pp = c.tensor_parallel_size, c.pipeline_parallel_size
+        self._tp, self._pp = tp, pp
+        # one pipeline stage: tp GPUs holding layers / pp layers
+        split = tp * pp
+        self._weights = (s.weights_bytes - min(s.expert_weights_bytes, s.weights_bytes)) / split  # read every step
+        self._moe_layers, self._experts, self._routed = s.moe_layers / pp, s.experts, s.experts_per_token
+        # expert parallelism: each GPU holds experts / tp whole experts, instead of every expert's width / tp
+        self._ep = c.enable_expert_parallel and tp > 1 and s.experts >= tp
+        # one routed expert of one layer, per GPU: read when a token of the step is routed to it
+        per_expert = s.expert_weights_bytes / (s.moe_layers * s.experts) if s.moe_layers else 0.0
+        self._expert = per_expert if self._ep else per_expert / tp
+        # per token: the routed experts' grouped GEMMs apart, at their own share of the GEMM rate
+        self._expert_flops = 2 * s.moe_layers * s.experts_per_token * s.expert_params / split
+        self._matmul_flops = 2 * s.active_params / split - self._expert_flops
+        self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence, on the last stage
+        full = s.layers - s.sliding_layers
+        self._attn_flops = 4 * full * s.heads * s.head_dim / split  # per (new token x context token)
+        self._window_flops = 4 * s.sliding_layers * s.heads * s.head_dim / split  # the same, within the window
+        elem = s.kv_element_bytes(c.kv_cache_dtype, c.dtype)
+        self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / split  # per token, per GPU
+        self._window_kv = 2 * s.sliding_layers * s.kv_heads * s.head_dim * elem / split
+        self._window = s.sliding_window
         g = self.gpu
+        # fp8 weights run W8A8 GEMMs where the GPU has fp8 tensor cores; elsewhere (Ampere: Marlin) and for
+        # MXFP4 (weight-only kernels) the GEMMs compute in bf16
+        peak = g.fp8_flops if s.weight_quant == "fp8" and g.fp8_flops else g.bf16_flops
         self._bw = g.bandwidth * g.bandwidth_efficiency
-        self._flops = g.bf16_flops * g.compute_efficiency * g.sustained_compute
+        self._flops = peak * g.compute_efficiency * g.sustained_compute
         self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
         self._attn_flops_rate = (
             g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency) * g.sustained_compute
         )
         self._act_bytes = 2 * s.hidden  # one token's activation, bf16
         self._graphs = capture_sizes(c)
-        self._layers = s.layers
+        self._layers = s.layers / pp
 
     def step_seconds(self, plan: StepPlan) -> float:
         tokens = 0
-        attn = 0.0
-        kv_read = 0
+        attn = window_attn = 0.0
+        kv_read = window_read = 0
         sampled = 0
         decode_only = True
+        w = self._window
         for req, n in plan.scheduled:
             ctx = req.num_computed  # before this step
             tokens += n
             attn += n * (ctx + (n + 1) / 2)
             kv_read += ctx + n
+            if w:
+                window_attn += n * min(ctx + (n + 1) / 2, w)
+                window_read += min(ctx + n, w + n - 1)
             if ctx + n >= req.num_tokens:
                 sampled += 1
             if n > 1 or ctx + n < req.num_tokens:
                 decode_only = False
-        return self.seconds(tokens, len(plan.scheduled), sampled, attn, kv_read, decode_only)
+        return self.seconds(tokens, len(plan.scheduled), sampled, attn, kv_read, decode_only, window_attn, window_read)
 
-    def seconds(self, tokens: int, seqs: int, sampled: int, attn: float, kv_tokens: int, decode_only: bool) -> float:
-        """The step's time from its aggregates (pure: what the tests and the benchmark call)."""
+    def experts_read(self, tokens: float) -> float:
+        """Routed experts a step of ``tokens`` tokens reads per MoE layer, per GPU: each token picks
+        ``experts_per_token`` of ``experts``, taken as uniform and independent, so the expected number touched is
+        E x (1 - (1 - k/E)^T), every expert once the batch is large. Under expert parallelism a GPU holds E / tp
+        of them and the step waits for the GPU that touched the most (``_busiest``)."""
+        if not self._experts:
+            return 0.0
+        touched = 1.0 - (1.0 - self._routed / self._experts) ** tokens
+        if not self._ep:
+            return self._experts * touched
+        held = self._experts / self._tp
+        return min(held, _busiest(self._tp, held * touched, held * touched * (1 - touched)))
+
+    def _expert_load(self, tokens: float) -> float:
+        """The busiest GPU's share of the routed tokens over the mean share: 1 unless expert parallelism puts
+        whole experts on each GPU, where the T x k routings land on tp GPUs as a binomial draw."""
+        if not self._ep or tokens <= 0:
+            return 1.0
+        picks = tokens * self._routed
+        mean = picks / self._tp
+        return _busiest(self._tp, mean, mean * (1 - 1 / self._tp)) / mean
+
+    def seconds(
+        self,
+        tokens: int,
+        seqs: int,
+        sampled: int,
+        attn: float,
+        kv_tokens: int,
+        decode_only: bool,
+        window_attn: float | None = None,
+        window_kv_tokens: int | None = None,
+    ) -> float:
+        """The step's time from its aggregates (pure: what the tests and the benchmark call). The window
+        aggregates are the sliding-window layers' (context capped at the window); not given, those layers are
+        charged the whole context.
+
+        Under pipeline parallelism vLLM keeps up to pp micro-batches in flight, one per stage: the batch's
+        sequences split into min(pp, seqs) micro-batches, and each is back for its next step after passing all
+        pp stages, so the step takes pp stage times of one micro-batch (with fewer micro-batches than stages,
+        the pipeline has bubbles) plus the activations' hops between stages."""
         if tokens == 0:
             return 0.0
-        linear = max(
-            (self._weights + tokens * self._kv) / self._bw,
-            (tokens * self._matmul_flops + sampled * self._head_flops) / self._flops,
+        window_attn = attn if window_attn is None else window_attn
+        window_kv_tokens = kv_tokens if window_kv_tokens is None else window_kv_tokens
+        if self._pp == 1:
+            return self._stage_seconds(
+                tokens, seqs, sampled, attn, kv_tokens, decode_only, window_attn, window_kv_tokens
+            )
+        micro = min(self._pp, seqs)
+        stage = self._stage_seconds(
+            tokens / micro,
+            seqs / micro,
+            sampled / micro,
+            attn / micro,
+            kv_tokens / micro,
+            decode_only,
+            window_attn / micro,
+            window_kv_tokens / micro,
         )
-        attention = max(kv_tokens * self._kv / self._attn_bw, attn * self._attn_flops / self._attn_flops_rate)
+        hop = self.gpu.allreduce_latency_s + tokens / micro * self._act_bytes / self.gpu.link_bandwidth
+        return self._pp * (stage + hop)
+
+    def _stage_seconds(
+        self,
+        tokens: float,
+        seqs: float,
+        sampled: float,
+        attn: float,
+        kv_tokens: float,
+        decode_only: bool,
+        window_attn: float,
+        window_kv_tokens: float,
+    ) -> float:
+        weights = self._weights + self._moe_layers * self.experts_read(tokens) * self._expert
+        expert_flops = self._expert_flops * self._expert_load(tokens) / self.gpu.grouped_gemm_share
+        linear = max(
+            (weights + tokens * (self._kv + self._window_kv)) / self._bw,
+            (tokens * (self._matmul_flops + expert_flops) + sampled * self._head_flops) / self._flops,
+        )
+        attention = max(
+            (kv_tokens * self._kv + window_kv_tokens * self._window_kv) / self._attn_bw,
+            (attn * self._attn_flops + window_attn * self._window_flops) / self._attn_flops_rate,
+        )
         gpu = linear + attention
         if self._tp > 1:
             ring = 2 * (self._tp - 1) / self._tp * tokens * self._act_bytes
@@ -113,11 +217,17 @@ class StepModel:
         elif decode_only and self._graphs and seqs <= self._graphs[-1]:
             launch = 5e-6 * self._layers
             # a graph runs padded to the next captured size
-            padded = self._graphs[bisect.bisect_left(self._graphs, seqs)]
+            padded = self._graphs[bisect.bisect_left(self._graphs, math.ceil(seqs))]
             gpu *= 1.0 + 0.1 * (padded - seqs) / padded
         else:
             launch = 25e-6 * self._layers
         return gpu + host + launch
+
+
+def _busiest(gpus: int, mean: float, variance: float) -> float:
+    """The expected largest of ``gpus`` draws of a count with this mean and variance (normal approximation:
+    mean + sqrt(2 ln n) standard deviations)."""
+    return mean + math.sqrt(2 * math.log(gpus) * max(variance, 0.0))
 
 
 @dataclass

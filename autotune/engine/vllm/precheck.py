@@ -28,6 +28,7 @@ def _fmt(n: float) -> str:
 def precheck(shape: ModelShape, args: EngineArgs, platform: str, device_memory_bytes: int | None = None) -> str | None:
     """The reason a candidate is provably infeasible, or None when it may fit."""
     v = args.values
+    shape = shape.served(str(v["quantization"]) if v.get("quantization") else None)
     max_len = int(parse_bytes(v["max_model_len"])) if "max_model_len" in v else shape.max_position
     if not max_len:
         return None
