@@ -886,3 +886,25 @@ def test_pipeline_stages_split_the_layers_and_the_batch():
     a, _ = startup("openai/gpt-oss-120b", max_model_len=32768)
     b, _ = startup("openai/gpt-oss-120b", max_model_len=32768, pipeline_parallel_size=2)
     assert b.plan.kv_tokens > 2 * a.plan.kv_tokens  # each stage's weights are half: more than twice the room
+
+
+def test_a_sliding_window_holds_its_window_of_blocks_per_request_not_per_token():
+    """gpt-oss: 12 sliding-window layers beside 12 full ones. The pool's block holds 16 tokens of the full layers;
+    each running request also holds its window's 128 tokens (and the block being written) of the sliding ones,
+    in blocks of the same size, whatever its length, and gives them back when it finishes."""
+    s = model_shape("openai/gpt-oss-20b")
+    assert s.window_blocks(16) == 128 // 16 + 1
+    sched = Scheduler(num_blocks=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
+                      window_blocks=s.window_blocks(16))
+    short, long = Request("short", 20, 1), Request("long", 1000, 1)
+    sched.add(short)
+    sched.add(long)
+    plan = sched.schedule()
+    assert [r.id for r, _ in plan.scheduled] == ["short", "long"]
+    assert len(short.blocks) == 2 and len(long.blocks) == 63
+    assert len(short.window_blocks) == len(long.window_blocks) == 9
+    assert len(sched.kv.free) == 100 - 2 - 63 - 18
+    sched.finish_step(plan)  # both sampled their one token: finished, every block back
+    assert len(sched.kv.free) == 100 and not short.window_blocks
+    # a dense model holds none
+    assert model_shape("llama-3.1-8b").window_blocks(16) == 0

@@ -166,6 +166,9 @@ class ModelShape:
         shared = int(moe.get("shared_expert_intermediate_size") or 0)
         shared = shared or int(moe.get("n_shared_experts") or 0) * expert_intermediate
         layer_types = list(cfg.get("layer_types") or ())
+        sliding = layer_types.count("sliding_attention")
+        # every layer sliding: taken as full attention (more KV and reads than vLLM's, never fewer)
+        sliding = sliding if sliding < len(layer_types) and cfg.get("sliding_window") else 0
         shape = cls(
             layers=int(cfg["num_hidden_layers"]),
             kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -183,8 +186,8 @@ class ModelShape:
             expert_intermediate=expert_intermediate,
             shared_intermediate=shared,
             dense_layers=int(moe.get("first_k_dense_replace") or len(moe.get("mlp_only_layers") or ())),
-            sliding_layers=layer_types.count("sliding_attention"),
-            sliding_window=int(cfg.get("sliding_window") or 0) if "sliding_attention" in layer_types else 0,
+            sliding_layers=sliding,
+            sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0,
             weight_quant=_weight_quant(quantized),
             not_modelled=_not_modelled(cfg, quantized),
         )
@@ -281,6 +284,14 @@ class ModelShape:
             * self.head_dim
             * self.kv_element_bytes(kv_cache_dtype, dtype)
         )
+
+    def window_blocks(self, block_size: int) -> int:
+        """The blocks of the KV pool (pages of the full-attention layers' size, ``kv_bytes_per_token``) that a
+        running request's sliding-window layers hold: the window plus the block being written, in each of them."""
+        if not self.sliding_layers:
+            return 0
+        per_layer_group = -(-(self.sliding_window - 1) // block_size) + 1
+        return -(-per_layer_group * self.sliding_layers // (self.layers - self.sliding_layers))
 
     def kv_element_bytes(self, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
         if kv_cache_dtype not in ("auto", None):

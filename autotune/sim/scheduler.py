@@ -13,6 +13,8 @@ The KV cache is a pool of blocks of block_size tokens. With prefix caching, ever
 has a hash chained over its tokens; a freed block keeps its hash and stays reusable until it
 is evicted (least recently freed first), and an admitted request starts from the longest run
 of cached blocks of its prompt (never the whole prompt: the last token is always computed).
+A model with sliding-window layers (gpt-oss) sizes its blocks by its full-attention layers;
+each running request also holds a fixed number of blocks for its window (``window_blocks``).
 
 Token identity is reduced to block hashes, which the caller computes with ``block_hashes``
 (``Request.block_hashes``): from real token ids in the server, from stand-ins for the blocks
@@ -58,6 +60,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prefix-cache hits at the last admission
     blocks: list[int] = field(default_factory=list)
+    window_blocks: list[int] = field(default_factory=list)  # its sliding-window layers' pages (KVCache.window_blocks)
     num_hashed_blocks: int = 0  # blocks already offered to the prefix cache
     first_scheduled_s: float | None = None
     finished: bool = False
@@ -109,10 +112,13 @@ class FreeQueue:
 class KVCache:
     """Blocks with reference counts, a free queue in eviction order, and the prefix-cache map."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool, window_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        # what a running request's sliding-window layers hold, in blocks of the pool: vLLM's hybrid KV cache
+        # manager keeps their last window of tokens only, in pages of the same size as the full layers'
+        self.window_blocks = window_blocks
         self.ref = [0] * num_blocks
         self.free = FreeQueue(num_blocks)  # front: evicted first
         self.cached: dict[int, int] = {}  # block hash -> block
@@ -156,23 +162,30 @@ class KVCache:
         """Blocks for ``num_new_tokens`` more tokens of ``req``; False (and no change) when there are too few."""
         held = len(req.blocks) + len(computed)
         need = -(-(req.num_computed + len(computed) * self.block_size + num_new_tokens) // self.block_size) - held
+        window = self.window_blocks - len(req.window_blocks)
         # computed blocks that nobody holds sit in the free queue: taking them uses free capacity too
         reuse_free = sum(1 for b in computed if self.ref[b] == 0)
-        if need > len(self.free) - reuse_free:
+        if need + window > len(self.free) - reuse_free:
             return False
+        for _ in range(window):
+            req.window_blocks.append(self._take())
         for b in computed:
             if self.ref[b] == 0:
                 self.free.remove(b)
             self.ref[b] += 1
             req.blocks.append(b)
         for _ in range(max(need, 0)):
-            b = self.free.popleft()
-            h = self.hash_of.pop(b, None)
-            if h is not None and self.cached.get(h) == b:
-                del self.cached[h]  # evicted
-            self.ref[b] = 1
-            req.blocks.append(b)
+            req.blocks.append(self._take())
         return True
+
+    def _take(self) -> int:
+        """The next free block, evicted from the prefix cache if it was there, held once."""
+        b = self.free.popleft()
+        h = self.hash_of.pop(b, None)
+        if h is not None and self.cached.get(h) == b:
+            del self.cached[h]  # evicted
+        self.ref[b] = 1
+        return b
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         """Offer the full blocks of the first ``num_tokens`` tokens (default: the computed ones) to the cache."""
@@ -191,11 +204,12 @@ class KVCache:
 
     def release(self, req: Request) -> None:
         # tail first into the free queue, so a prompt's head (the shareable prefix) is evicted last
-        for b in reversed(req.blocks):
+        for b in [*req.window_blocks, *reversed(req.blocks)]:
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 self.free.append(b)
         req.blocks = []
+        req.window_blocks = []
         req.num_hashed_blocks = 0
 
 
@@ -226,8 +240,9 @@ class Scheduler:
         prefix_caching: bool = True,
         long_prefill_token_threshold: int = 0,
         max_model_len: int | None = None,
+        window_blocks: int = 0,
     ) -> None:
-        self.kv = KVCache(num_blocks, block_size, prefix_caching)
+        self.kv = KVCache(num_blocks, block_size, prefix_caching, window_blocks)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill

@@ -68,6 +68,7 @@ class SimEngine:
             prefix_caching=c.enable_prefix_caching,
             long_prefill_token_threshold=c.long_prefill_token_threshold,
             max_model_len=c.max_model_len,
+            window_blocks=self.shape.window_blocks(c.block_size),
         )
         self.step_model = StepModel(self.shape, self.gpu, c)
 
