@@ -908,3 +908,12 @@ def test_a_sliding_window_holds_its_window_of_blocks_per_request_not_per_token()
     assert len(sched.kv.free) == 100 and not short.window_blocks
     # a dense model holds none
     assert model_shape("llama-3.1-8b").window_blocks(16) == 0
+
+
+def test_an_int4_checkpoint_weighs_a_quarter_and_a_little_more():
+    """AWQ/GPTQ: 4 bits a weight plus an fp16 scale and a 4-bit zero per 128; embeddings and LM head in bf16."""
+    bf16, awq = model_shape("qwen3-32b"), model_shape("Qwen/Qwen3-32B-AWQ")
+    embeddings = 2 * 151936 * 5120 * 2
+    linear = (bf16.weights_bytes - embeddings) / 2  # parameters
+    assert awq.weight_quant == "int4" and awq.not_modelled == ""
+    assert awq.weights_bytes == pytest.approx(linear * (4 + 20 / 128) / 8 + embeddings, rel=1e-6)

@@ -191,7 +191,7 @@ def test_a_card_of_another_memory_size_sizes_the_kv_cache_by_it(tmp_path, capsys
 
 @pytest.mark.parametrize("extra,says", [
     ({"kv_lora_rank": 512}, "multi-head latent attention (kv_lora_rank)"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quantized weights (awq)"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized weights (bitsandbytes)"),
     ({"layer_types": ["linear_attention", "full_attention"] * 16}, "hybrid attention (linear_attention layers)"),
 ])
 def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra, says):

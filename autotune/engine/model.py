@@ -9,7 +9,7 @@ The pre-check (engine/vllm/precheck.py) needs the KV bytes per token and the wei
 performance model (sim/) also needs the parameters a token passes through and the vocabulary.
 Decoder-only transformers with GQA (Llama, Qwen2/3, Mistral), their mixture-of-experts kin (gpt-oss,
 Qwen3-MoE, Mixtral, DeepSeek-style shared experts and leading dense layers), sliding-window layers
-(gpt-oss, Gemma), and fp8 or MXFP4 weights; what else a config.json holds (MLA, linear-attention
+(gpt-oss, Gemma), and fp8, MXFP4 or int4 (AWQ, GPTQ) weights; what else a config.json holds (MLA, linear-attention
 layers, other quantizations) is named in ``ModelShape.not_modelled``.
 """
 
@@ -122,6 +122,17 @@ DTYPE_BYTES = {
 }
 
 
+# quantized weight formats: bytes a weight, and whether every decoder linear layer is stored so or only the routed
+# experts (embeddings and the LM head stay in dtype): fp8 (one byte; its scales are negligible); MXFP4 (4 bits and
+# an 8-bit scale per 32 values: gpt-oss's experts); int4 AWQ/GPTQ (4 bits, an fp16 scale and a 4-bit zero per
+# group of 128)
+WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
+    "fp8": (1.0, "linear"),
+    "mxfp4": (4.25 / 8, "experts"),
+    "int4": ((4 + 20 / 128) / 8, "linear"),
+}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     layers: int
@@ -147,8 +158,7 @@ class ModelShape:
     sliding_layers: int = 0
     sliding_window: int = 0
     # how the checkpoint's weights are stored when not in ``dtype`` (quantization_config, or --quantization
-    # fp8 applied by ``served``): "fp8" (every decoder linear layer, 1 byte) or "mxfp4" (the experts only,
-    # 4 bits and one 8-bit scale per 32 values: gpt-oss)
+    # fp8 applied by ``served``): a key of WEIGHT_FORMATS
     weight_quant: str = ""
     # what of the architecture this shape leaves out ("" when nothing): its parameters, memory and step time
     # are then wrong, so whatever estimates from it says so instead of estimating
@@ -256,19 +266,20 @@ class ModelShape:
     @property
     def expert_weights_bytes(self) -> int:
         """The routed experts' bytes, all MoE layers (estimated from the shape and ``weight_quant``)."""
-        elem = {"fp8": 1.0, "mxfp4": 4.25 / 8}.get(self.weight_quant, DTYPE_BYTES.get(self.dtype, 2))
+        elem = WEIGHT_FORMATS[self.weight_quant][0] if self.weight_quant else DTYPE_BYTES.get(self.dtype, 2)
         return round(self.moe_layers * self.experts * self.expert_params * elem)
 
     @property
     def estimated_weights_bytes(self) -> int:
         """The weights' bytes from the shape: the experts as ``expert_weights_bytes``, the other decoder linear
-        layers at one byte under fp8, the embeddings and LM head at ``dtype`` (vLLM leaves them unquantized)."""
+        layers in ``weight_quant`` where it covers them, the embeddings and LM head at ``dtype``."""
         elem = DTYPE_BYTES.get(self.dtype, 2)
+        linear_elem, scope = WEIGHT_FORMATS.get(self.weight_quant, (elem, "linear"))
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         other_linear = self.params - embeddings - self.moe_layers * self.experts * self.expert_params
         return (
             self.expert_weights_bytes
-            + round(other_linear * (1 if self.weight_quant == "fp8" else elem))
+            + round(other_linear * (linear_elem if scope == "linear" else elem))
             + (embeddings * elem)
         )
 
@@ -300,12 +311,14 @@ class ModelShape:
 
 
 def _weight_quant(quantized: Any) -> str:
-    """The modelled weight format a quantization_config names ("fp8", "mxfp4"), else ""."""
+    """The modelled weight format a quantization_config names (a key of WEIGHT_FORMATS), else ""."""
     if not isinstance(quantized, dict):
         return ""
     method = str(quantized.get("quant_method", ""))
     if method in ("fp8", "fbgemm_fp8", "mxfp4"):
         return "fp8" if "fp8" in method else method
+    if method in ("awq", "gptq") and int(quantized.get("bits") or 0) == 4:
+        return "int4"
     if method == "compressed-tensors":
         weights = [g.get("weights") or {} for g in (quantized.get("config_groups") or {}).values()]
         if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights):

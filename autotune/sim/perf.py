@@ -9,7 +9,7 @@ weights, the heads and the KV cache; pipeline parallelism splits the layers):
 - FLOPs: 2 x active parameters x T for the matmuls (``ModelShape.active_params``: a MoE token's
   routed experts only), 2 x hidden x vocab per sampled sequence for the LM head, and 4 x layers x
   heads x head_dim x (new tokens x context) for attention; fp8 weights compute at the GPU's fp8 peak
-  where it has one (``GpuProfile.fp8_flops``), MXFP4 weights at bf16 (weight-only kernels);
+  where it has one (``GpuProfile.fp8_flops``), MXFP4 and int4 weights at bf16 (weight-only kernels);
 - time = two rooflines, one after the other, as the kernels run: the linear layers
   max(weight bytes / (bandwidth x e_bw), matmul FLOPs / (peak x e_flops)) plus attention
   max(KV bytes / (bandwidth x e_attn_bw), attention FLOPs / (peak x e_attn_flops)). The e's are
@@ -88,7 +88,7 @@ class StepModel:
         self._window = s.sliding_window
         g = self.gpu
         # fp8 weights run W8A8 GEMMs where the GPU has fp8 tensor cores; elsewhere (Ampere: Marlin) and for
-        # MXFP4 (weight-only kernels) the GEMMs compute in bf16
+        # MXFP4 and int4 (weight-only kernels) the GEMMs compute in bf16
         peak = g.fp8_flops if s.weight_quant == "fp8" and g.fp8_flops else g.bf16_flops
         self._bw = g.bandwidth * g.bandwidth_efficiency
         self._flops = peak * g.compute_efficiency * g.sustained_compute

@@ -407,13 +407,18 @@ MODELS["glm-4.6-fp8"] = {
     "tie_word_embeddings": False,
     "quantization_config": {"quant_method": "fp8"},
 }
-# fp8 checkpoints of dense models above (their config.json adds quantization_config): the public measurements'
+# fp8 and AWQ checkpoints of dense models above (their config.json adds quantization_config): the public measurements'
 MODELS["qwen3-32b-fp8"] = {**MODELS["qwen3-32b"], "quantization_config": {"quant_method": "fp8"}}
 MODELS["llama-3.1-70b-fp8"] = {**MODELS["llama-3.1-70b"], "quantization_config": {"quant_method": "fp8"}}
+MODELS["qwen3-32b-awq"] = {
+    **MODELS["qwen3-32b"],
+    "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
+}
 # names as people write them in studies (the Hugging Face ids of those models)
 ALIASES = {
     "zai-org/GLM-4.6-FP8": "glm-4.6-fp8",
     "Qwen/Qwen3-32B-FP8": "qwen3-32b-fp8",
+    "Qwen/Qwen3-32B-AWQ": "qwen3-32b-awq",
     "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b-fp8",
     "openai/gpt-oss-20b": "gpt-oss-20b",
     "openai/gpt-oss-120b": "gpt-oss-120b",
