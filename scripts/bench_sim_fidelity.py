@@ -190,7 +190,7 @@ def _estimated_max_len(lines: tuple[str, ...]) -> int | None:
 
 
 def _unsupported(point: dict[str, Any]) -> str | None:
-    from autotune.sim.config import unmodelled
+    from autotune.sim.config import not_modelled
 
     if point["gpu"] not in GPUS:
         return f"GPU {point['gpu']!r} has no vllm-sim profile"
@@ -198,10 +198,8 @@ def _unsupported(point: dict[str, Any]) -> str | None:
         shape = model_shape(point["model"])
     except KeyError:
         return f"model {point['model']!r} has no shape"
-    if shape.not_modelled:
-        return f"not modelled: {shape.not_modelled}"
-    ignored = unmodelled(point.get("engine_args") or {})
-    return f"not modelled: {', '.join(ignored)}" if ignored else None
+    missing = not_modelled(shape, point.get("engine_args") or {}, model="the model")
+    return f"not modelled: {missing}" if missing else None
 
 
 def run_point(point: dict[str, Any], gpus: dict[str, GpuProfile] | None = None,

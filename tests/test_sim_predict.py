@@ -203,7 +203,7 @@ def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra
     r = predict("predict", str(model), "--scenario", "chat", "--rate", "2")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [f"vllm-sim predict: error: vllm-sim does not model {model}: {says}; measure it "
-                                     "on the GPU instead (autotune bench)"]
+                                     "on the GPU (autotune bench)"]
 
 
 def test_a_profile_of_datasheet_figures_says_so(capsys):

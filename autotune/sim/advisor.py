@@ -19,7 +19,7 @@ from autotune.engine.gpu import GpuInfo
 from autotune.errors import ConfigError
 from autotune.locations import state_dir
 from autotune.sim import calibrate as cal
-from autotune.sim.config import UNMODELLED, unmodelled
+from autotune.sim.config import not_modelled
 from autotune.sim.perf import API_SERVER
 from autotune.sim.profiles import GPUS, GpuProfile, gpu_profile
 from autotune.sim.rank import SpaceSimulator
@@ -129,11 +129,9 @@ def simulator(target: AdvisorTarget, calibrated: bool = True) -> tuple[SpaceSimu
     CPU host only once calibrated, since no public figure describes it."""
     if target.shape is None:
         return None, "no model shape"
-    if target.shape.not_modelled:
-        return None, f"vllm-sim does not model this model: {target.shape.not_modelled}"
-    ignored = unmodelled(target.fixed) + [f"--{n.replace('_', '-')}" for n in sorted(target.varied & UNMODELLED.keys())]
-    if ignored:
-        return None, f"vllm-sim does not model {', '.join(ignored)}"
+    missing = not_modelled(target.shape, target.fixed, target.varied)
+    if missing:
+        return None, f"vllm-sim does not model {missing}"
     key = profile_key(target.platform, target.devices)
     if key is None:
         return None, "vllm-sim has no profile for this GPU"

@@ -431,7 +431,7 @@ def _run_predict(ns: argparse.Namespace) -> int:
     from autotune.errors import ConfigError
     from autotune.measure.slo import parse_slos
     from autotune.sim import predict
-    from autotune.sim.config import unmodelled
+    from autotune.sim.config import not_modelled
     from autotune.sim.profiles import CALIBRATED
     from autotune.sim.text import TextCodec
     from autotune.workload.options import WorkloadOptions
@@ -446,17 +446,10 @@ def _run_predict(ns: argparse.Namespace) -> int:
     if engine is None:
         return 1
     shape, gpu, values, config = engine
-    if shape.not_modelled:
-        raise ConfigError(
-            f"vllm-sim does not model {ns.model_tag}: {shape.not_modelled}; measure it on the GPU instead "
-            "(autotune bench)"
-        )
-    ignored = unmodelled(values)
-    if ignored:
-        raise ConfigError(
-            f"vllm-sim does not model {', '.join(ignored)}: its prediction would be the answer without it; "
-            "predict without it, or measure it on the GPU (autotune bench)"
-        )
+    missing = not_modelled(shape, values, model=ns.model_tag)
+    if missing:  # the answer without them would be wrong, not approximate
+        advice = "measure it on the GPU" if shape.not_modelled else "predict without them, or measure on the GPU"
+        raise ConfigError(f"vllm-sim does not model {missing}; {advice} (autotune bench)")
     workload = predict.load_workload(spec, ns.model_tag)
     if ns.gpu not in CALIBRATED:
         print(

@@ -78,7 +78,9 @@ class StepModel:
         # per token: the routed experts' grouped GEMMs apart, at their own share of the GEMM rate
         self._expert_flops = 2 * s.moe_layers * s.experts_per_token * s.expert_params / split
         self._matmul_flops = 2 * s.active_params / split - self._expert_flops
-        self._head_flops = 2 * s.hidden * s.vocab / tp  # per sampled sequence, on the last stage
+        # per sampled sequence; under pipeline parallelism on the last stage only, which ``seconds`` charges
+        # through the mean stage
+        self._head_flops = 2 * s.hidden * s.vocab / split
         full = s.layers - s.sliding_layers
         self._attn_flops = 4 * full * s.heads * s.head_dim / split  # per (new token x context token)
         self._window_flops = 4 * s.sliding_layers * s.heads * s.head_dim / split  # the same, within the window

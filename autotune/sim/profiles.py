@@ -333,23 +333,6 @@ MODELS: dict[str, dict] = {
         "quantization_config": {"quant_method": "mxfp4"},
         "tie_word_embeddings": False,
     },
-    "gpt-oss-120b": {
-        "architectures": ["GptOssForCausalLM"],
-        "num_hidden_layers": 36,
-        "hidden_size": 2880,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "intermediate_size": 2880,
-        "num_local_experts": 128,
-        "num_experts_per_tok": 4,
-        "layer_types": ["sliding_attention", "full_attention"] * 18,
-        "sliding_window": 128,
-        "vocab_size": 201088,
-        "max_position_embeddings": 131072,
-        "quantization_config": {"quant_method": "mxfp4"},
-        "tie_word_embeddings": False,
-    },
     # Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 config.json: every layer MoE, no shared
     # expert; the FP8 checkpoint's linear layers in fp8 with 128x128 block scales
     "qwen3-30b-a3b": {
@@ -385,6 +368,13 @@ MODELS: dict[str, dict] = {
         "tie_word_embeddings": False,
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
     },
+}
+# the 120b is the 20b's layers, 36 of them, with 128 experts each
+MODELS["gpt-oss-120b"] = {
+    **MODELS["gpt-oss-20b"],
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
 }
 # zai-org/GLM-4.6-FP8 config.json: three dense layers, then 160 routed experts (8 a token) and one shared expert;
 # the multi-token-prediction layer is loaded only for speculative decoding

@@ -38,7 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from autotune.engine.model import ModelShape
-from autotune.sim.config import SimConfig, unmodelled
+from autotune.sim.config import SimConfig, not_modelled
 from autotune.sim.exposition import SimMetrics
 from autotune.sim.log import PID, log
 from autotune.sim.perf import API_SERVER
@@ -503,9 +503,9 @@ async def serve(opts: ServeOptions) -> int:
     c = opts.config
     log("INFO", "utils.py", f"vLLM API server version {VLLM_VERSION} (vllm-sim: simulated {opts.gpu.name})")
     log("INFO", "utils.py", f"non-default args: {opts.non_default_args}")
-    ignored = unmodelled(opts.non_default_args) + ([opts.shape.not_modelled] if opts.shape.not_modelled else [])
+    ignored = not_modelled(opts.shape, opts.non_default_args, model="the model")
     if ignored:
-        log("WARNING", "sim", f"not modelled, simulated as if absent: {', '.join(ignored)}")
+        log("WARNING", "sim", f"not modelled, simulated as if absent: {ignored}")
     try:
         sock = _bind(opts.host, opts.port)
     except OSError as e:
