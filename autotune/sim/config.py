@@ -3,9 +3,9 @@
 Every other `vllm serve` flag is accepted (the CLI checks it against vLLM's flag table). Those that
 leave speed and memory alone (ports, logging, the served name) have no effect on the simulation; those
 that change them and are not modelled (``UNMODELLED``: quantization other than fp8, data parallelism,
-speculative decoding, ...) are named by ``unmodelled``, and with what a model's architecture holds beyond
-what vllm-sim models by ``not_modelled``: ``vllm-sim predict`` refuses them, ``vllm-sim serve`` logs a
-warning, and a study does not simulate first.
+speculative decoding, ...) are named, with what a model's architecture holds beyond what vllm-sim models,
+by ``not_modelled``: ``vllm-sim predict`` refuses them, ``vllm-sim serve`` logs a warning, and a study does
+not simulate first.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from autotune.engine.model import ModelShape, parse_bytes
 from autotune.engine.vllm.defaults import default_batching
 from autotune.sim.profiles import GpuProfile
 
-__all__ = ["SimConfig", "capture_sizes", "not_modelled", "unmodelled", "UNMODELLED"]
+__all__ = ["SimConfig", "capture_sizes", "not_modelled", "UNMODELLED"]
 
 # vLLM flags that change a step's speed or the memory plan and that the simulator does not model, each with
 # the value at which it changes nothing (vLLM's default, or an equivalent): any other value is unmodelled.
@@ -135,12 +135,12 @@ def not_modelled(
     """What vllm-sim does not model of a model and its engine args, as the end of "vllm-sim does not model ...",
     or "" when it models all: the architecture (``ModelShape.not_modelled``) after ``model``, then the flags set
     in ``values`` and those a study varies (``varied``, by name)."""
-    flags = unmodelled(values) + [f"--{n.replace('_', '-')}" for n in sorted(set(varied) & UNMODELLED.keys())]
+    flags = _unmodelled(values) + [f"--{n.replace('_', '-')}" for n in sorted(set(varied) & UNMODELLED.keys())]
     parts = [f"{model}: {shape.not_modelled}"] if shape.not_modelled else []
     return "; ".join(parts + ([", ".join(flags)] if flags else []))
 
 
-def unmodelled(values: Mapping[str, Any]) -> list[str]:
+def _unmodelled(values: Mapping[str, Any]) -> list[str]:
     """The flags among ``values`` (vLLM's option names) that vllm-sim does not model, as ``--flag value``."""
     out = []
     for name, neutral in UNMODELLED.items():
