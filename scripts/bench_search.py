@@ -835,7 +835,8 @@ def main() -> int:
     ap.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these strategies")
     ap.add_argument("--survey", action="store_true", help="only the truths: defaults, optimum and circularity check")
     ap.add_argument("--json", type=Path, help="also write every run's trials and curve here")
-    ap.add_argument("--plot", type=Path, help="render the declared best's curves here (needs matplotlib)")
+    ap.add_argument("--plot", type=Path,
+                    help="render the declared best's curves here (needs matplotlib: pip install -e '.[bench]')")
     ap.add_argument("-v", "--verbose", action="store_true", help="print what autotune's runs say")
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: the tables of these --json files' runs (a later file's run of the same "
