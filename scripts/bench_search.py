@@ -405,8 +405,8 @@ class Truth:
              speed: float = 1.0) -> Summary:
         config, start = started
         assert start.plan is not None
-        front = replace(self.front, request_s=self.form.request_s)
-        front = replace(front, **{k: getattr(front, k) / speed for k in ("request_s", *FRONT_DRAWN)})
+        front = replace(self.front, request_s=self.form.request_s / speed,
+                        **{k: getattr(self.front, k) / speed for k in FRONT_DRAWN})
         engine = SimEngine(model_shape(self.sc.model), self.gpu, config, start.plan, front)
         engine.step_model = TruthStep(engine.shape, self.gpu, config,
                                       factor=math.exp(self.form.log_step(json.loads(key))) / speed,
@@ -739,25 +739,15 @@ def curve(gpu: TruthGpu, table: dict[str, dict[str, Any]]) -> list[tuple[float, 
     return [*points, (total, points[-1][1] if points else 0.0)]
 
 
-def settled(points: list[tuple[float, float]], trials_at: Callable[[float], int]) -> tuple[int | None, float | None]:
+def settled(points: list[tuple[float, float]], trials: list[Trial]) -> tuple[int | None, float | None]:
     """(real trials, GPU-hours) until the declared config is within TARGET of the expected optimum and stays there
     to the run's end; (None, None): it is not at the end."""
     at = None
     for hours, share in points:
         at = (hours if at is None else at) if share >= TARGET else None
-    return (None, None) if at is None else (trials_at(at), at)
-
-
-def trials_until(gpu: TruthGpu) -> Callable[[float], int]:
-    def count(hours: float) -> int:
-        spent, n = 0.0, 0
-        for t in gpu.trials:
-            if spent >= hours * 3600 - 1e-6:
-                break
-            spent, n = spent + t.gpu_s, n + 1
-        return n
-
-    return count
+    if at is None:
+        return None, None
+    return sum(spent <= at * 3600 + 1e-6 for spent in itertools.accumulate(t.gpu_s for t in trials)), at
 
 
 def shipped_capacity(job: tuple[Scenario, str]) -> float:
@@ -877,7 +867,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 gpu = one_run(truth, strategy, a.budget, table, say)
                 points = curve(gpu, table)
-                trials, hours = settled(points, trials_until(gpu))
+                trials, hours = settled(points, gpu.trials)
                 print(f"    {strategy}: declares {points[-1][1]:.0%} of the optimum after {len(gpu.trials)} trials "
                       f"({points[-1][0]:.2f} GPU-h); within 95 % for good after {trials or '-'} trials, "
                       f"{hours or 0:.2f} GPU-h ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
@@ -900,7 +890,7 @@ def circularity_rows(dump: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """Per scenario: the circularity check over its truths (one row per truth in the dump)."""
     rows = []
     for name in dict.fromkeys(d["scenario"] for d in dump):
-        truths = {(d["seed"]): d for d in dump if d["scenario"] == name}.values()
+        truths = {d["seed"]: d for d in dump if d["scenario"] == name}.values()
         checks = [Circularity(**d["circularity"]) for d in truths]
         rows.append((name, f"{statistics.median(d['defaults_share'] for d in truths):.0%}",
                      _rho(statistics.median(c.spearman for c in checks)),

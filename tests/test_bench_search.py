@@ -157,11 +157,11 @@ def test_the_score_is_the_declared_configs_expected_capacity_until_it_stays_near
         gpu.trials.append(bench.Trial(key, measured, table[key]["capacity"], 1800.0))
         gpu.declare({"a": "a", "b": "b", "c": "b", "d": "b"}[key])
     assert bench.curve(gpu, table) == [(0.5, 0.5), (1.0, 1.0), (1.5, 1.0), (2.0, 1.0), (2.0, 1.0)]
-    assert bench.settled(bench.curve(gpu, table), bench.trials_until(gpu)) == (2, 1.0)
+    assert bench.settled(bench.curve(gpu, table), gpu.trials) == (2, 1.0)
     gpu.declare("d")  # the final verdict: d, 70 % of the optimum: never settled, whatever came before
-    assert bench.settled(bench.curve(gpu, table), bench.trials_until(gpu)) == (None, None)
+    assert bench.settled(bench.curve(gpu, table), gpu.trials) == (None, None)
     gpu.declared[-1] = (7200.0, "c")  # c is within 95 % (96 %) too: settled since b was declared
-    assert bench.settled(bench.curve(gpu, table), bench.trials_until(gpu)) == (2, 1.0)
+    assert bench.settled(bench.curve(gpu, table), gpu.trials) == (2, 1.0)
     assert bench.curve(bench.TruthGpu(gpu.truth, table), table) == [(0.0, 0.0)]  # nothing measured, nothing declared
 
 
