@@ -1,0 +1,226 @@
+"""A whole decoder layer on an NVIDIA GPU, timed with PyTorch: decode batches and chunked long prefills (issue 26).
+
+scripts/gpu_microbench.py times a layer's kernels one kind at a time. vllm-sim adds them up and adds
+a launch cost per layer; this script times what it adds up: one Llama/Qwen decoder layer (RMSNorm,
+QKV, rotary, attention, O, residual, RMSNorm, gate_up, SiLU x up, down, residual) on random bf16 data.
+
+- ``decode``: batch B (1 .. 256), every sequence with a KV cache of L tokens (1K .. 32K, up to
+  1M cached tokens in all), one new token each; timed eager and replayed from a CUDA graph, so
+  the difference is the launch cost per layer (vLLM's ``--enforce-eager`` against its graphs).
+  The KV cache is paged: blocks of 16 tokens in a shared pool, read through a shuffled block
+  table. PyTorch has no paged decode kernel, so the layer gathers a sequence's blocks
+  (``index_select``) into the layout SDPA takes: ``paged_gather`` moves the KV twice and bounds
+  vLLM's paged kernel from above; ``contiguous`` (the same cache already in place) bounds it
+  from below.
+- ``prefill``: a 32K-token prompt through one layer, whole (causal flash attention) and chunked
+  at 2K and 8K tokens, each chunk attending to the prompt's earlier tokens and causally to
+  itself (lower-right causal mask): the per-chunk times show what chunked prefill pays for
+  attention over a growing prefix.
+
+Each row is the median of CUDA-event-timed repeats after a warm-up. Rows are written as they are
+measured, so a run cut short keeps what it measured. Run it where a GPU and PyTorch are:
+
+    python3 scripts/gpu_layer_bench.py --gpu h100-80gb --json bench/gpu_layer_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention.bias import causal_lower_right  # noqa: E402
+
+from autotune.sim.profiles import MODELS  # noqa: E402
+
+SHAPES = ("llama-3-8b", "qwen3-32b")
+BATCHES = (1, 8, 32, 64, 128, 256)
+CONTEXTS = (1024, 4096, 16384, 32768)
+MAX_CACHED = 1 << 20  # tokens in one layer's cache: 4 GiB of bf16 K+V at 8 KV heads x 128
+BLOCK = 16
+DEVICE = "cuda"
+PROMPT = 32768
+CHUNKS = (2048, 8192)
+
+
+def timed(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds of one call of ``fn``, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+class Layer:
+    """One decoder layer's weights (tensor-parallel size 1) and its forward pass, written as vLLM runs it."""
+
+    def __init__(self, cfg: dict) -> None:
+        h, d = cfg["hidden_size"], cfg["head_dim"]
+        self.heads, self.kv_heads, self.d = cfg["num_attention_heads"], cfg["num_key_value_heads"], d
+        q, kv, inter = self.heads * d, self.kv_heads * d, cfg["intermediate_size"]
+
+        def w(i: int, o: int) -> torch.Tensor:
+            return torch.randn(i, o, device=DEVICE, dtype=torch.bfloat16) * 0.02
+
+        self.qkv, self.o, self.gate_up, self.down = w(h, q + 2 * kv), w(q, h), w(h, 2 * inter), w(inter, h)
+        self.norm1 = torch.ones(h, device=DEVICE, dtype=torch.bfloat16)
+        self.norm2 = torch.ones(h, device=DEVICE, dtype=torch.bfloat16)
+        self.split = (q, kv, kv)
+        self.inter = inter
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """x: (tokens, hidden); ``attend(q, k, v)`` takes (tokens, heads, d) and returns (tokens, heads * d)."""
+        y = F.rms_norm(x, (x.shape[-1],), self.norm1)
+        q, k, v = (y @ self.qkv).split(self.split, dim=-1)
+        q = self.rope(q.view(-1, self.heads, self.d), cos, sin)
+        k = self.rope(k.view(-1, self.kv_heads, self.d), cos, sin)
+        x = x + attend(q, k, v.view(-1, self.kv_heads, self.d)) @ self.o
+        y = F.rms_norm(x, (x.shape[-1],), self.norm2)
+        gate, up = (y @ self.gate_up).split(self.inter, dim=-1)
+        return x + (F.silu(gate) * up) @ self.down
+
+
+def graph_of(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after a warm-up on a side stream as PyTorch asks."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def decode_rows(layer: Layer, model: str) -> list[dict]:
+    rows = []
+    half = layer.d // 2
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            if batch * context > MAX_CACHED:
+                continue
+            blocks = batch * context // BLOCK
+            # the pool holds K and V for every block; a shuffled table maps each sequence to its blocks
+            pool = torch.randn(2, blocks, BLOCK, layer.kv_heads, layer.d, device=DEVICE, dtype=torch.bfloat16)
+            table = torch.randperm(blocks, device=DEVICE)
+            # the same cache in SDPA's layout: (batch, kv_heads, context, d)
+            k_in_place = pool[0].view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
+            v_in_place = pool[1].view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
+            x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
+            cos = torch.randn(batch, 1, half, device=DEVICE, dtype=torch.bfloat16)
+            sin = torch.randn_like(cos)
+
+            def gathered(which: int) -> torch.Tensor:
+                kv = pool[which].index_select(0, table)
+                return kv.view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
+
+            def attend_paged(q, k, v):
+                out = F.scaled_dot_product_attention(q.unsqueeze(2), gathered(0), gathered(1), enable_gqa=True)
+                return out.reshape(batch, -1)
+
+            def attend_in_place(q, k, v):
+                out = F.scaled_dot_product_attention(q.unsqueeze(2), k_in_place, v_in_place, enable_gqa=True)
+                return out.reshape(batch, -1)
+
+            for kv_layout, attend in (("contiguous", attend_in_place), ("paged_gather", attend_paged)):
+                row = {"model": model, "batch": batch, "context": context, "kv": kv_layout}
+                step = lambda: layer.forward(x, cos, sin, attend)  # noqa: E731
+                try:
+                    row["eager_s"] = timed(step)
+                    graph = graph_of(step)
+                    row["graph_s"] = timed(graph.replay)
+                    del graph
+                except RuntimeError as exc:  # out of memory or a backend that cannot be captured
+                    row["error"] = str(exc).splitlines()[0][:200]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del pool, table, k_in_place, v_in_place, x
+            torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_rows(layer: Layer, model: str) -> list[dict]:
+    rows = []
+    half = layer.d // 2
+    cos_all = torch.randn(PROMPT, 1, half, device=DEVICE, dtype=torch.bfloat16)
+    sin_all = torch.randn_like(cos_all)
+    x_all = torch.randn(PROMPT, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
+    # the prompt's K and V, as earlier chunks left them in the cache: (1, kv_heads, PROMPT, d)
+    k_cache = torch.randn(1, layer.kv_heads, PROMPT, layer.d, device=DEVICE, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    for chunk in (PROMPT, *CHUNKS):
+        for start in range(0, PROMPT, chunk):
+            end = start + chunk
+            x, cos, sin = x_all[start:end], cos_all[start:end], sin_all[start:end]
+
+            def attend(q, k, v, start=start, end=end, chunk=chunk):
+                # this chunk's own K/V join the cached prefix, as vLLM writes them before attention runs
+                keys = torch.cat((k_cache[:, :, :start], k.transpose(0, 1).unsqueeze(0)), dim=2)
+                values = torch.cat((v_cache[:, :, :start], v.transpose(0, 1).unsqueeze(0)), dim=2)
+                mask = causal_lower_right(chunk, end)
+                out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values,
+                                                     attn_mask=mask, enable_gqa=True)
+                return out.squeeze(0).transpose(0, 1).reshape(chunk, -1)
+
+            row = {"model": model, "prompt": PROMPT, "chunk": chunk, "prefix": start}
+            try:
+                row["seconds"] = timed(lambda: layer.forward(x, cos, sin, attend), repeats=10)
+            except RuntimeError as exc:
+                row["error"] = str(exc).splitlines()[0][:200]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", required=True, help="the vllm-sim profile this GPU is (h100-80gb, h200, ...)")
+    ap.add_argument("--json", type=Path, required=True, help="where to write every row")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    out: dict = {"gpu_profile": args.gpu, "device": props.name, "sms": props.multi_processor_count,
+                 "torch": torch.__version__, "cuda": torch.version.cuda,
+                 "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                 "block_size": BLOCK, "decode": [], "prefill": []}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+    for model in SHAPES:
+        layer = Layer(MODELS[model])
+        with torch.inference_mode():
+            out["decode"] += decode_rows(layer, model)
+            save()
+            out["prefill"] += prefill_rows(layer, model)
+            save()
+        del layer
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
