@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 from autotune.sim.profiles import MODELS  # noqa: E402
@@ -48,6 +49,7 @@ BLOCK = 16
 DEVICE = "cuda"
 PROMPT = 32768
 CHUNKS = (2048, 8192)
+COMPILED_BATCHES = (1, 32)
 
 
 def timed(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -160,6 +162,71 @@ def decode_rows(layer: Layer, model: str) -> list[dict]:
     return rows
 
 
+def chunk_attention(layer: Layer, chunk: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
+    """The chunk's attention alone, two ways: one call with the lower-right causal mask (what the layer
+    runs; PyTorch picks the kernel), and split as flash attention runs it without a mask argument: the
+    chunk's queries against the prefix (no mask) plus the chunk against itself (causal). The split
+    leaves out merging the two softmaxes (one elementwise pass over the chunk's outputs)."""
+    q = torch.randn(1, layer.heads, chunk, layer.d, device=DEVICE, dtype=torch.bfloat16)
+    k_own, v_own = k_cache[:, :, start:start + chunk], v_cache[:, :, start:start + chunk]
+    keys, values = k_cache[:, :, :start + chunk], v_cache[:, :, :start + chunk]
+    mask = causal_lower_right(chunk, start + chunk)
+    out = {"attention_masked_s": timed(lambda: F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=True), repeats=10)}
+
+    def split() -> None:
+        if start:
+            F.scaled_dot_product_attention(q, k_cache[:, :, :start], v_cache[:, :, :start], enable_gqa=True)
+        F.scaled_dot_product_attention(q, k_own, v_own, is_causal=True, enable_gqa=True)
+
+    out["attention_split_s"] = timed(split, repeats=10)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out["attention_split_flash_s"] = timed(split, repeats=10)
+    except RuntimeError as exc:
+        out["attention_split_flash_error"] = str(exc).splitlines()[0][:200]
+    return out
+
+
+def compiled_rows(layer: Layer, model: str) -> list[dict]:
+    """The decode layer as vLLM V1 runs it: compiled by torch.compile (inductor fuses the norms, rotary,
+    residual adds and SiLU x up, as vLLM's compiled model does), then replayed from a CUDA graph; beside
+    it the layer's four GEMMs alone in a graph, so ``layer - gemms`` is what the rest of the layer costs."""
+    rows = []
+    half = layer.d // 2
+    for batch in COMPILED_BATCHES:
+        context = 1024
+        k = torch.randn(batch, layer.kv_heads, context, layer.d, device=DEVICE, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
+        cos = torch.randn(batch, 1, half, device=DEVICE, dtype=torch.bfloat16)
+        sin = torch.randn_like(cos)
+
+        def attend(q, _k, _v):
+            return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).reshape(batch, -1)
+
+        row = {"model": model, "batch": batch, "context": context}
+        try:
+            xs = [torch.randn(batch, w.shape[0], device=DEVICE, dtype=torch.bfloat16)
+                  for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+            def gemms() -> None:
+                for a, w in zip(xs, (layer.qkv, layer.o, layer.gate_up, layer.down)):
+                    a @ w
+
+            row["gemms_graph_s"] = timed(graph_of(gemms).replay)
+            compiled = torch.compile(lambda: layer.forward(x, cos, sin, attend), fullgraph=True)
+            began = time.monotonic()
+            compiled()
+            row["compile_s"] = time.monotonic() - began
+            row["compiled_graph_s"] = timed(graph_of(compiled).replay)
+        except Exception as exc:  # noqa: BLE001 - a compiler failure is a row's result, not the run's end
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def prefill_rows(layer: Layer, model: str) -> list[dict]:
     rows = []
     half = layer.d // 2
@@ -186,6 +253,7 @@ def prefill_rows(layer: Layer, model: str) -> list[dict]:
             row = {"model": model, "prompt": PROMPT, "chunk": chunk, "prefix": start}
             try:
                 row["seconds"] = timed(lambda: layer.forward(x, cos, sin, attend), repeats=10)
+                row |= chunk_attention(layer, chunk, start, k_cache, v_cache)
             except RuntimeError as exc:
                 row["error"] = str(exc).splitlines()[0][:200]
             rows.append(row)
@@ -198,24 +266,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, help="the vllm-sim profile this GPU is (h100-80gb, h200, ...)")
     ap.add_argument("--json", type=Path, required=True, help="where to write every row")
+    ap.add_argument("--parts", default="decode,compiled,prefill", help="which measurements, comma-separated")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     out: dict = {"gpu_profile": args.gpu, "device": props.name, "sms": props.multi_processor_count,
                  "torch": torch.__version__, "cuda": torch.version.cuda,
                  "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                 "block_size": BLOCK, "decode": [], "prefill": []}
+                 "block_size": BLOCK, "decode": [], "compiled": [], "prefill": []}
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
+    parts = [p for p in args.parts.split(",") if p]
+    measure = {"decode": decode_rows, "compiled": compiled_rows, "prefill": prefill_rows}
     for model in SHAPES:
         layer = Layer(MODELS[model])
-        with torch.inference_mode():
-            out["decode"] += decode_rows(layer, model)
-            save()
-            out["prefill"] += prefill_rows(layer, model)
+        for part in parts:
+            with torch.inference_mode():
+                out[part] += measure[part](layer, model)
             save()
         del layer
         torch.cuda.empty_cache()
