@@ -12,10 +12,15 @@ QKV, rotary, attention, O, residual, RMSNorm, gate_up, SiLU x up, down, residual
   (``index_select``) into the layout SDPA takes: ``paged_gather`` moves the KV twice and bounds
   vLLM's paged kernel from above; ``contiguous`` (the same cache already in place) bounds it
   from below.
-- ``prefill``: a 32K-token prompt through one layer, whole (causal flash attention) and chunked
-  at 2K and 8K tokens, each chunk attending to the prompt's earlier tokens and causally to
-  itself (lower-right causal mask): the per-chunk times show what chunked prefill pays for
-  attention over a growing prefix.
+- ``compiled``: the decode layer compiled by torch.compile (fused as vLLM V1 compiles its model)
+  and replayed from a CUDA graph, beside its four GEMMs alone in a graph: the GEMMs' weight-read
+  share as vLLM's graphs see it, and what the layer's other kernels cost on top.
+- ``prefill``: a 32K-token prompt through one layer, whole and chunked at 2K and 8K tokens, each
+  chunk attending to the prompt's earlier tokens and causally to itself (lower-right causal
+  mask); and each chunk's attention alone, by kernel (``chunk_attention``): PyTorch runs the
+  masked call and forced FlashAttention-2 at about half the speed of the kernel it picks for the
+  unmasked split, so the layer rows of chunks with a prefix carry a kernel choice vLLM does not
+  make (its Hopper kernel is FlashAttention-3).
 
 Each row is the median of CUDA-event-timed repeats after a warm-up. Rows are written as they are
 measured, so a run cut short keeps what it measured. Run it where a GPU and PyTorch are:
@@ -30,16 +35,17 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.attention.bias import causal_lower_right  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
-from autotune.sim.profiles import MODELS  # noqa: E402
+from autotune.sim.profiles import MODELS
 
 SHAPES = ("llama-3-8b", "qwen3-32b")
 BATCHES = (1, 8, 32, 64, 128, 256)
@@ -115,64 +121,102 @@ def graph_of(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def decode_rows(layer: Layer, model: str) -> list[dict]:
+def decode_point(layer: Layer, model: str, batch: int, context: int) -> list[dict]:
+    """One decode step of ``batch`` sequences of ``context`` cached tokens, both KV layouts."""
+    blocks = batch * context // BLOCK
+    # the pool holds K and V for every block; a shuffled table maps each sequence to its blocks
+    pool = torch.randn(2, blocks, BLOCK, layer.kv_heads, layer.d, device=DEVICE, dtype=torch.bfloat16)
+    table = torch.randperm(blocks, device=DEVICE)
+    # the same cache in SDPA's layout: (batch, kv_heads, context, d)
+    k_in_place, v_in_place = (pool[i].view(batch, context, layer.kv_heads, layer.d).transpose(1, 2) for i in (0, 1))
+    x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
+    cos = torch.randn(batch, 1, layer.d // 2, device=DEVICE, dtype=torch.bfloat16)
+    sin = torch.randn_like(cos)
+
+    def gathered(which: int) -> torch.Tensor:
+        kv = pool[which].index_select(0, table)
+        return kv.view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
+
+    def attend_paged(q, k, v):
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), gathered(0), gathered(1), enable_gqa=True)
+        return out.reshape(batch, -1)
+
+    def attend_in_place(q, k, v):
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k_in_place, v_in_place, enable_gqa=True)
+        return out.reshape(batch, -1)
+
     rows = []
-    half = layer.d // 2
-    for batch in BATCHES:
-        for context in CONTEXTS:
-            if batch * context > MAX_CACHED:
-                continue
-            blocks = batch * context // BLOCK
-            # the pool holds K and V for every block; a shuffled table maps each sequence to its blocks
-            pool = torch.randn(2, blocks, BLOCK, layer.kv_heads, layer.d, device=DEVICE, dtype=torch.bfloat16)
-            table = torch.randperm(blocks, device=DEVICE)
-            # the same cache in SDPA's layout: (batch, kv_heads, context, d)
-            k_in_place = pool[0].view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
-            v_in_place = pool[1].view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
-            x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
-            cos = torch.randn(batch, 1, half, device=DEVICE, dtype=torch.bfloat16)
-            sin = torch.randn_like(cos)
-
-            def gathered(which: int) -> torch.Tensor:
-                kv = pool[which].index_select(0, table)
-                return kv.view(batch, context, layer.kv_heads, layer.d).transpose(1, 2)
-
-            def attend_paged(q, k, v):
-                out = F.scaled_dot_product_attention(q.unsqueeze(2), gathered(0), gathered(1), enable_gqa=True)
-                return out.reshape(batch, -1)
-
-            def attend_in_place(q, k, v):
-                out = F.scaled_dot_product_attention(q.unsqueeze(2), k_in_place, v_in_place, enable_gqa=True)
-                return out.reshape(batch, -1)
-
-            for kv_layout, attend in (("contiguous", attend_in_place), ("paged_gather", attend_paged)):
-                row = {"model": model, "batch": batch, "context": context, "kv": kv_layout}
-                step = lambda: layer.forward(x, cos, sin, attend)  # noqa: E731
-                try:
-                    row["eager_s"] = timed(step)
-                    graph = graph_of(step)
-                    row["graph_s"] = timed(graph.replay)
-                    del graph
-                except RuntimeError as exc:  # out of memory or a backend that cannot be captured
-                    row["error"] = str(exc).splitlines()[0][:200]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            del pool, table, k_in_place, v_in_place, x
-            torch.cuda.empty_cache()
+    for kv_layout, attend in (("contiguous", attend_in_place), ("paged_gather", attend_paged)):
+        row = {"model": model, "batch": batch, "context": context, "kv": kv_layout}
+        try:
+            row["eager_s"] = timed(partial(layer.forward, x, cos, sin, attend))
+            row["graph_s"] = timed(graph_of(partial(layer.forward, x, cos, sin, attend)).replay)
+        except RuntimeError as exc:  # out of memory or a backend that cannot be captured
+            row["error"] = str(exc).splitlines()[0][:200]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
+def decode_rows(layer: Layer, model: str) -> list[dict]:
+    rows = []
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            if batch * context <= MAX_CACHED:
+                rows += decode_point(layer, model, batch, context)
+                torch.cuda.empty_cache()
+    return rows
+
+
+def compiled_point(layer: Layer, model: str, batch: int, context: int = 1024) -> dict:
+    """The decode layer as vLLM V1 runs it: compiled by torch.compile (inductor fuses the norms, rotary,
+    residual adds and SiLU x up, as vLLM's compiled model does), then replayed from a CUDA graph; beside
+    it the layer's four GEMMs alone in a graph, so ``layer - gemms`` is what the rest of the layer costs."""
+    k = torch.randn(batch, layer.kv_heads, context, layer.d, device=DEVICE, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
+    cos = torch.randn(batch, 1, layer.d // 2, device=DEVICE, dtype=torch.bfloat16)
+    sin = torch.randn_like(cos)
+    weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
+    xs = [torch.randn(batch, w.shape[0], device=DEVICE, dtype=torch.bfloat16) for w in weights]
+
+    def attend(q, _k, _v):
+        return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).reshape(batch, -1)
+
+    def gemms() -> None:
+        for a, w in zip(xs, weights, strict=True):
+            a @ w
+
+    row = {"model": model, "batch": batch, "context": context}
+    try:
+        row["gemms_graph_s"] = timed(graph_of(gemms).replay)
+        compiled = torch.compile(partial(layer.forward, x, cos, sin, attend), fullgraph=True)
+        began = time.monotonic()
+        compiled()
+        row["compile_s"] = time.monotonic() - began
+        row["compiled_graph_s"] = timed(graph_of(compiled).replay)
+    except Exception as exc:  # noqa: BLE001 - a compiler failure is a row's result, not the run's end
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def compiled_rows(layer: Layer, model: str) -> list[dict]:
+    return [compiled_point(layer, model, batch) for batch in COMPILED_BATCHES]
+
+
 def chunk_attention(layer: Layer, chunk: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
-    """The chunk's attention alone, two ways: one call with the lower-right causal mask (what the layer
-    runs; PyTorch picks the kernel), and split as flash attention runs it without a mask argument: the
-    chunk's queries against the prefix (no mask) plus the chunk against itself (causal). The split
-    leaves out merging the two softmaxes (one elementwise pass over the chunk's outputs)."""
+    """The chunk's attention alone, three ways: one call with the lower-right causal mask (what the
+    layer runs), and split as a flash kernel without a mask argument runs it: the chunk's queries
+    against the prefix (no mask) plus the chunk against itself (causal), with the kernel PyTorch
+    picks and with FlashAttention-2 forced. The split leaves out merging the two softmaxes (one
+    elementwise pass over the chunk's outputs)."""
     q = torch.randn(1, layer.heads, chunk, layer.d, device=DEVICE, dtype=torch.bfloat16)
-    k_own, v_own = k_cache[:, :, start:start + chunk], v_cache[:, :, start:start + chunk]
-    keys, values = k_cache[:, :, :start + chunk], v_cache[:, :, :start + chunk]
+    k_own, v_own = k_cache[:, :, start : start + chunk], v_cache[:, :, start : start + chunk]
+    keys, values = k_cache[:, :, : start + chunk], v_cache[:, :, : start + chunk]
     mask = causal_lower_right(chunk, start + chunk)
-    out = {"attention_masked_s": timed(lambda: F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=True), repeats=10)}
+    masked = partial(F.scaled_dot_product_attention, q, keys, values, attn_mask=mask, enable_gqa=True)
+    out = {"attention_masked_s": timed(masked, repeats=10)}
 
     def split() -> None:
         if start:
@@ -188,77 +232,49 @@ def chunk_attention(layer: Layer, chunk: int, start: int, k_cache: torch.Tensor,
     return out
 
 
-def compiled_rows(layer: Layer, model: str) -> list[dict]:
-    """The decode layer as vLLM V1 runs it: compiled by torch.compile (inductor fuses the norms, rotary,
-    residual adds and SiLU x up, as vLLM's compiled model does), then replayed from a CUDA graph; beside
-    it the layer's four GEMMs alone in a graph, so ``layer - gemms`` is what the rest of the layer costs."""
-    rows = []
-    half = layer.d // 2
-    for batch in COMPILED_BATCHES:
-        context = 1024
-        k = torch.randn(batch, layer.kv_heads, context, layer.d, device=DEVICE, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        x = torch.randn(batch, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
-        cos = torch.randn(batch, 1, half, device=DEVICE, dtype=torch.bfloat16)
-        sin = torch.randn_like(cos)
+def prefill_chunk(layer: Layer, model: str, prompt: dict[str, torch.Tensor], chunk: int, start: int) -> dict:
+    """One chunk of the prompt, ``start`` tokens already in the cache, through the whole layer."""
+    end = start + chunk
+    x, cos, sin = (prompt[name][start:end] for name in ("x", "cos", "sin"))
+    k_cache, v_cache = prompt["k"], prompt["v"]
 
-        def attend(q, _k, _v):
-            return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).reshape(batch, -1)
+    def attend(q, k, v):
+        # this chunk's own K/V join the cached prefix, as vLLM writes them before attention runs
+        keys = torch.cat((k_cache[:, :, :start], k.transpose(0, 1).unsqueeze(0)), dim=2)
+        values = torch.cat((v_cache[:, :, :start], v.transpose(0, 1).unsqueeze(0)), dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=causal_lower_right(chunk, end), enable_gqa=True
+        )
+        return out.squeeze(0).transpose(0, 1).reshape(chunk, -1)
 
-        row = {"model": model, "batch": batch, "context": context}
-        try:
-            xs = [torch.randn(batch, w.shape[0], device=DEVICE, dtype=torch.bfloat16)
-                  for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-
-            def gemms() -> None:
-                for a, w in zip(xs, (layer.qkv, layer.o, layer.gate_up, layer.down)):
-                    a @ w
-
-            row["gemms_graph_s"] = timed(graph_of(gemms).replay)
-            compiled = torch.compile(lambda: layer.forward(x, cos, sin, attend), fullgraph=True)
-            began = time.monotonic()
-            compiled()
-            row["compile_s"] = time.monotonic() - began
-            row["compiled_graph_s"] = timed(graph_of(compiled).replay)
-        except Exception as exc:  # noqa: BLE001 - a compiler failure is a row's result, not the run's end
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    row = {"model": model, "prompt": PROMPT, "chunk": chunk, "prefix": start}
+    try:
+        row["seconds"] = timed(partial(layer.forward, x, cos, sin, attend), repeats=10)
+        row |= chunk_attention(layer, chunk, start, k_cache, v_cache)
+    except RuntimeError as exc:
+        row["error"] = str(exc).splitlines()[0][:200]
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def prefill_rows(layer: Layer, model: str) -> list[dict]:
-    rows = []
-    half = layer.d // 2
-    cos_all = torch.randn(PROMPT, 1, half, device=DEVICE, dtype=torch.bfloat16)
-    sin_all = torch.randn_like(cos_all)
-    x_all = torch.randn(PROMPT, layer.qkv.shape[0], device=DEVICE, dtype=torch.bfloat16)
-    # the prompt's K and V, as earlier chunks left them in the cache: (1, kv_heads, PROMPT, d)
-    k_cache = torch.randn(1, layer.kv_heads, PROMPT, layer.d, device=DEVICE, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    for chunk in (PROMPT, *CHUNKS):
-        for start in range(0, PROMPT, chunk):
-            end = start + chunk
-            x, cos, sin = x_all[start:end], cos_all[start:end], sin_all[start:end]
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16)
 
-            def attend(q, k, v, start=start, end=end, chunk=chunk):
-                # this chunk's own K/V join the cached prefix, as vLLM writes them before attention runs
-                keys = torch.cat((k_cache[:, :, :start], k.transpose(0, 1).unsqueeze(0)), dim=2)
-                values = torch.cat((v_cache[:, :, :start], v.transpose(0, 1).unsqueeze(0)), dim=2)
-                mask = causal_lower_right(chunk, end)
-                out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values,
-                                                     attn_mask=mask, enable_gqa=True)
-                return out.squeeze(0).transpose(0, 1).reshape(chunk, -1)
-
-            row = {"model": model, "prompt": PROMPT, "chunk": chunk, "prefix": start}
-            try:
-                row["seconds"] = timed(lambda: layer.forward(x, cos, sin, attend), repeats=10)
-                row |= chunk_attention(layer, chunk, start, k_cache, v_cache)
-            except RuntimeError as exc:
-                row["error"] = str(exc).splitlines()[0][:200]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        torch.cuda.empty_cache()
+    # the prompt's inputs, and its K and V as earlier chunks left them in the cache: (1, kv_heads, PROMPT, d)
+    prompt = {
+        "x": draw(PROMPT, layer.qkv.shape[0]),
+        "cos": draw(PROMPT, 1, layer.d // 2),
+        "sin": draw(PROMPT, 1, layer.d // 2),
+        "k": draw(1, layer.kv_heads, PROMPT, layer.d),
+        "v": draw(1, layer.kv_heads, PROMPT, layer.d),
+    }
+    rows = [
+        prefill_chunk(layer, model, prompt, chunk, start)
+        for chunk in (PROMPT, *CHUNKS)
+        for start in range(0, PROMPT, chunk)
+    ]
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -270,10 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
-    out: dict = {"gpu_profile": args.gpu, "device": props.name, "sms": props.multi_processor_count,
-                 "torch": torch.__version__, "cuda": torch.version.cuda,
-                 "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                 "block_size": BLOCK, "decode": [], "compiled": [], "prefill": []}
+    out: dict = {
+        "gpu_profile": args.gpu,
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "block_size": BLOCK,
+        "decode": [],
+        "compiled": [],
+        "prefill": [],
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
