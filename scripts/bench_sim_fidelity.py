@@ -285,6 +285,24 @@ def run(points: list[dict[str, Any]], gpus: dict[str, GpuProfile] | None = None,
     return [run_point(p, gpus, front_end, eras) for p in points]
 
 
+# what-if (--graph-measured): the decode step as the lent GPUs measured it in CUDA graphs (scripts/gpu_layer_bench.py,
+# bench/gpu_layer_*.json ``derived``), with the H100 host's share refitted on the fit part by
+# `--graph-measured --fit-host h100-80gb` (~8 min); the H200 and H100 PCIe take the H100's host
+GRAPH_MEASURED = {"h100-80gb": "h100", "h100-pcie-80gb": "h100", "h200-141gb": "h200"}
+GRAPH_MEASURED_HOST = {"host_step_s": 471e-6, "host_seq_s": 0.0}
+
+
+def graph_measured_gpus(host: bool = True) -> dict[str, GpuProfile]:
+    """The profiles with the graph-replayed decode layer's measured shares (and, with ``host``, the refitted host)."""
+    gpus = dict(GPUS)
+    for name, file in GRAPH_MEASURED.items():
+        derived = json.loads((ROOT / "bench" / f"gpu_layer_{file}.json").read_text())["derived"]
+        gpus[name] = replace(GPUS[name], bandwidth_efficiency=derived["graph_gemm_bandwidth_share"],
+                             attention_bandwidth_efficiency=derived["kv_bandwidth_share"],
+                             graph_layer_s=derived["graph_layer_s"], **(GRAPH_MEASURED_HOST if host else {}))
+    return gpus
+
+
 def baseline_gpus() -> dict[str, GpuProfile]:
     """The profiles as they were before issue 9: one global 0.85/0.70, 8 us all-reduces, the round host costs."""
     return {k: replace(g, bandwidth_efficiency=0.85, compute_efficiency=0.70, allreduce_latency_s=8e-6,
@@ -429,15 +447,15 @@ MOE_BOUNDS = {"grouped_gemm_share": (0.1, 1.0)}
 
 def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[float, float]],
                 metrics: tuple[str, ...] = FIT_METRICS, points_per_round: int = 5,
-                rounds: int = 3) -> tuple[dict[str, float], float]:
+                rounds: int = 3, gpus: dict[str, GpuProfile] = GPUS) -> tuple[dict[str, float], float]:
     """Some of a GPU profile's constants (``bounds``' keys), fitted on ``points`` run on that GPU."""
     from autotune.sim.fit import fit, log_loss
 
     mine = [p for p in points if p["gpu"] == gpu and p["kind"] != "startup" and not _unsupported(p)]
-    base = GPUS[gpu]
+    base = gpus[gpu]
 
     def loss(c: dict[str, float]) -> float:
-        rows = run(mine, {**GPUS, gpu: replace(base, **c)})
+        rows = run(mine, {**gpus, gpu: replace(base, **c)})
         return log_loss(r.values[k] for r in rows for k in metrics if k in r.values)
 
     return fit(loss, {k: getattr(base, k) for k in bounds}, bounds, points=points_per_round, rounds=rounds)
@@ -500,7 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
                     help="what-if: run the points the set puts on PROFILE on OTHER instead (e.g. "
                          "h100-80gb=h100-pcie-80gb when a source does not say which variant); the notes say so")
+    ap.add_argument("--graph-measured", action="store_true",
+                    help="what-if: the H100's and H200's decode step as bench/gpu_layer_*.json measured it in CUDA "
+                         "graphs, with the host refitted to it (bench/sim_fidelity.md, 'A whole decoder layer')")
     a = ap.parse_args(argv)
+    # fitting under --graph-measured starts from the measured shares and the shipped host (the refit's own start)
+    gpus = graph_measured_gpus(host=not a.fit_host) if a.graph_measured else GPUS
     points = load_points(a.calibration) + (load_points(a.groups) if str(a.groups) not in ("", ".") else [])
     if a.points:
         wanted = [x.strip() for x in a.points.split(",") if x.strip()]
@@ -537,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--fit-moe {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
         fits.append((gpu, [p for p in fit_part if not _unsupported(p) and model_shape(p["model"]).experts], MOE_BOUNDS))
     for gpu, part, bounds in fits:
-        c, v = fit_profile(part, gpu, bounds)
+        c, v = fit_profile(part, gpu, bounds, gpus=gpus)
         print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)
     if fits:
         return 0
@@ -550,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.baseline:  # the simulator before issue 9's calibration: no front-end, no era switch
         rows = run(points, baseline_gpus(), FrontEnd(), eras=False)
     else:
-        rows = run(points)
+        rows = run(points, gpus)
     for part in ("fit", "held-out"):
         # a group's points the simulator cannot express are listed below, its fit-part points are the set's own
         sel = [r for r in rows if r.split == part and (not r.group or (r.modelled and part == "held-out"))]

@@ -26,6 +26,7 @@ Each row is the median of CUDA-event-timed repeats after a warm-up. Rows are wri
 measured, so a run cut short keeps what it measured. Run it where a GPU and PyTorch are:
 
     python3 scripts/gpu_layer_bench.py --gpu h100-80gb --json bench/gpu_layer_h100.json
+    python3 scripts/gpu_layer_bench.py --gpu h200-141gb --json bench/gpu_layer_h200.json
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from autotune.sim.profiles import MODELS
+from autotune.sim.profiles import MODELS, gpu_profile
 
-SHAPES = ("llama-3-8b", "qwen3-32b")
+SHAPES = ("llama-3-8b", "qwen3-32b")  # --shapes NAME[:TP],... for others
 BATCHES = (1, 8, 32, 64, 128, 256)
 CONTEXTS = (1024, 4096, 16384, 32768)
 MAX_CACHED = 1 << 20  # tokens in one layer's cache: 4 GiB of bf16 K+V at 8 KV heads x 128
@@ -75,12 +76,14 @@ def timed(fn, repeats: int = 20, warmup: int = 3) -> float:
 
 
 class Layer:
-    """One decoder layer's weights (tensor-parallel size 1) and its forward pass, written as vLLM runs it."""
+    """One decoder layer's weights and its forward pass, written as vLLM runs it; under tensor parallelism
+    ``tp`` the slice one GPU holds (heads, KV heads and the MLP's width divided; no all-reduce)."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, tp: int = 1) -> None:
         h, d = cfg["hidden_size"], cfg["head_dim"]
-        self.heads, self.kv_heads, self.d = cfg["num_attention_heads"], cfg["num_key_value_heads"], d
-        q, kv, inter = self.heads * d, self.kv_heads * d, cfg["intermediate_size"]
+        self.heads, self.d = cfg["num_attention_heads"] // tp, d
+        self.kv_heads = max(1, cfg["num_key_value_heads"] // tp)
+        q, kv, inter = self.heads * d, self.kv_heads * d, cfg["intermediate_size"] // tp
 
         def w(i: int, o: int) -> torch.Tensor:
             return torch.randn(i, o, device=DEVICE, dtype=torch.bfloat16) * 0.02
@@ -278,12 +281,66 @@ def prefill_rows(layer: Layer, model: str) -> list[dict]:
     return rows
 
 
+def layer_bytes(shape: str) -> tuple[int, int]:
+    """(weight bytes of one layer's four GEMMs, KV bytes per cached token) on one GPU, for NAME[:TP]."""
+    name, _, tp = shape.partition(":")
+    cfg, tp = MODELS[name], int(tp or 1)
+    h, d, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"] // tp
+    q, kv = cfg["num_attention_heads"] // tp * d, max(1, cfg["num_key_value_heads"] // tp) * d
+    return 2 * (h * (q + 2 * kv) + q * h + h * 2 * inter + inter * h), 2 * 2 * kv
+
+
+def derive(out: dict, bandwidth: float) -> dict[str, float]:
+    """What the step model takes from the rows (pure), as shares of the datasheet ``bandwidth``:
+
+    - ``graph_gemm_bandwidth_share``: a layer's weight bytes / its four GEMMs' time in a graph, median;
+    - ``kv_bandwidth_share``: the KV cache's read rate at the margin, the slope of the graph-replayed
+      contiguous decode layer over its shortest and longest context at each batch, median;
+    - ``graph_layer_s``: the compiled layer in a graph less its GEMMs and its KV reads at that rate,
+      median: what the layer's other kernels (norms, rotary, the cache write, attention's fixed
+      part, SiLU x up, residuals) cost a decode step per layer."""
+    gemm = [layer_bytes(r["model"])[0] / r["gemms_graph_s"] / bandwidth for r in out["compiled"] if "error" not in r]
+    slopes = []
+    for shape in {r["model"] for r in out["decode"]}:
+        for batch in BATCHES:
+            rows = sorted(
+                (r["context"], r["graph_s"])
+                for r in out["decode"]
+                if r["model"] == shape and r["batch"] == batch and r["kv"] == "contiguous" and "graph_s" in r
+            )
+            if len(rows) > 1:
+                (short, fast), (long, slow) = rows[0], rows[-1]
+                slopes.append(batch * (long - short) * layer_bytes(shape)[1] / (slow - fast) / bandwidth)
+    kv_share = statistics.median(slopes)
+    rest = [
+        r["compiled_graph_s"]
+        - r["gemms_graph_s"]
+        - r["batch"] * r["context"] * layer_bytes(r["model"])[1] / (bandwidth * kv_share)
+        for r in out["compiled"]
+        if "error" not in r
+    ]
+    return {
+        "graph_gemm_bandwidth_share": round(statistics.median(gemm), 3),
+        "kv_bandwidth_share": round(kv_share, 3),
+        "graph_layer_s": round(statistics.median(rest), 7),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, help="the vllm-sim profile this GPU is (h100-80gb, h200, ...)")
     ap.add_argument("--json", type=Path, required=True, help="where to write every row")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="vllm-sim model names, NAME:TP a tensor-parallel slice")
     ap.add_argument("--parts", default="decode,compiled,prefill", help="which measurements, comma-separated")
+    ap.add_argument("--derive", action="store_true", help="only recompute `derived` in the --json file (no GPU)")
     args = ap.parse_args(argv)
+    bandwidth = gpu_profile(args.gpu).bandwidth
+    if args.derive:
+        out = json.loads(args.json.read_text())
+        out["derived"] = derive(out, bandwidth)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out["derived"]))
+        return 0
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     out: dict = {
@@ -305,14 +362,19 @@ def main(argv: list[str] | None = None) -> int:
 
     parts = [p for p in args.parts.split(",") if p]
     measure = {"decode": decode_rows, "compiled": compiled_rows, "prefill": prefill_rows}
-    for model in SHAPES:
-        layer = Layer(MODELS[model])
+    for shape in args.shapes.split(","):
+        model, _, tp = shape.partition(":")
+        layer = Layer(MODELS[model], int(tp or 1))
+        model = shape if tp else model
         for part in parts:
             with torch.inference_mode():
                 out[part] += measure[part](layer, model)
             save()
         del layer
         torch.cuda.empty_cache()
+    out["derived"] = derive(out, bandwidth)
+    save()
+    print("derived:", json.dumps(out["derived"]))
     return 0
 
 

@@ -155,6 +155,41 @@ def test_the_measured_gpus_take_their_shares_from_the_microbenchmark(gpu, measur
         assert getattr(profile, share) == derived[share], share
 
 
+@pytest.mark.parametrize("gpu, measured", [("h100-80gb", "gpu_layer_h100.json"), ("h200-141gb", "gpu_layer_h200.json")])
+def test_the_decode_layer_summary_is_its_raw_rows_own(gpu, measured):
+    """bench/gpu_layer_*.json's ``derived`` (what --graph-measured runs the profiles with) re-derives from its rows."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_layer_bench
+
+    run = json.loads((ROOT / "bench" / measured).read_text())
+    assert run["gpu_profile"] == gpu
+    assert gpu_layer_bench.derive(run, GPUS[gpu].bandwidth) == run["derived"]
+
+
+def test_the_decode_layer_derivation_recovers_the_constants_it_was_built_from():
+    """Rows made from a GEMM share, a KV share and a per-layer rest give those three back; the rest is what is
+    left once the GEMMs and the KV reads are taken out, so a larger KV share leaves a larger rest."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_layer_bench
+
+    bandwidth, gemm, kv, rest = 3e12, 0.8, 0.9, 20e-6
+    decode, compiled = [], []
+    for shape in ("llama-3-8b", "qwen3-32b"):
+        weights, per_token = gpu_layer_bench.layer_bytes(shape)
+        layer = weights / (bandwidth * gemm)
+        for batch, context in ((1, 1024), (1, 32768), (32, 1024), (32, 4096)):
+            kv_s = batch * context * per_token / (bandwidth * kv)
+            decode.append({"model": shape, "batch": batch, "context": context, "kv": "contiguous",
+                           "graph_s": layer + rest + kv_s})
+        for batch in (1, 32):
+            compiled.append({"model": shape, "batch": batch, "context": 1024, "gemms_graph_s": layer,
+                             "compiled_graph_s": layer + rest + batch * 1024 * per_token / (bandwidth * kv)})
+    derived = gpu_layer_bench.derive({"decode": decode, "compiled": compiled}, bandwidth)
+    assert derived == {"graph_gemm_bandwidth_share": gemm, "kv_bandwidth_share": kv, "graph_layer_s": rest}
+    assert gpu_layer_bench.layer_bytes("llama-3-70b:4")[0] * 4 == pytest.approx(
+        gpu_layer_bench.layer_bytes("llama-3-70b")[0], rel=0.01)
+
+
 def test_a_step_is_the_linear_layers_roofline_plus_attentions():
     """A chunk of prefill (its matmuls compute-bound) beside long decodes (their attention bound by KV reads):
     the two rooflines add up, each with its own shares; one roofline over all bytes and FLOPs would hide one."""

@@ -27,7 +27,8 @@ weights, the heads and the KV cache; pipeline parallelism splits the layers):
 - plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
   ``host_seq_s`` per sequence, 1.2 ms + 4 us by default; --async-scheduling overlaps about half of it
   with the GPU) and kernel launches: with CUDA graphs, a decode-only batch that fits a captured size
-  replays one graph (~5 us per layer), a mixed batch runs piecewise graphs (~25 us per layer);
+  replays one graph (``graph_layer_s`` per layer, ~5 us: the layer's small kernels and the gaps between
+  them), a mixed batch runs piecewise graphs (~25 us per layer);
   --enforce-eager launches every kernel (``eager_layer_s``, ~100 us per layer, about 15 kernels of
   ~6 us). A CPU host has no graphs: its compiled steps cost the piecewise figure.
 
@@ -217,7 +218,7 @@ class StepModel:
         if self.config.enforce_eager:
             launch = self.gpu.eager_layer_s * self._layers
         elif decode_only and self._graphs and seqs <= self._graphs[-1]:
-            launch = 5e-6 * self._layers
+            launch = self.gpu.graph_layer_s * self._layers
             # a graph runs padded to the next captured size
             padded = self._graphs[bisect.bisect_left(self._graphs, math.ceil(seqs))]
             gpu *= 1.0 + 0.1 * (padded - seqs) / padded

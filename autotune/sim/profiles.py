@@ -62,6 +62,10 @@ class GpuProfile:
     host_step_s: float = 1.2e-3
     host_seq_s: float = 4e-6
     eager_layer_s: float = 100e-6
+    # a decode step replayed from a CUDA graph, per layer: the GPU time of the kernels other than the GEMMs and
+    # the KV reads, and the gaps between kernels (perf.py); ~5 us. bench/gpu_layer_*.json measured 22 us on the
+    # H100 and H200 beside higher GEMM and KV shares; bench/sim_fidelity.md says why the profiles keep theirs
+    graph_layer_s: float = 5e-6
     # attention's own shares (flash attention's FLOPs, the KV cache's reads), where they were measured;
     # None: the linear layers' shares above
     attention_bandwidth_efficiency: float | None = None
