@@ -367,6 +367,29 @@ def test_replay_on_an_engine_that_died_under_load(server):
 
 # --- the re-measurement's verdict ---
 
+def test_the_remeasurement_orders_finalists_the_trials_ladder_measured_alike():
+    """Two configs 9 % apart that the trials' 1.25x ladder both put at 6.09 req/s (issue 25's prefix chat) come
+    apart when re-measured: each starts in the middle of its trial's bracket and gallops at 1.05x, within the
+    trials' four steps; a config whose trial was lucky (its capacity below the trial's) is bisected downwards."""
+    from autotune.study.scoring import REMEASURE_RESOLUTION, scoring_for
+
+    scoring = scoring_for("capacity", 1.0, 4, 1.25)
+
+    def remeasured(true: float) -> tuple[float, list[tuple[float, bool]]]:
+        profile, tried = scoring.remeasure_profile(6.09), []
+        while (load := profile.next_load(tried)) is not None:
+            tried.append((load, load <= true))
+        return max((load for load, ok in tried if ok), default=0.0), tried
+
+    (low, low_steps), (high, high_steps) = remeasured(7.07), remeasured(7.71)
+    assert low < high and 7.71 / high < 1.05 and 7.07 / low < REMEASURE_RESOLUTION
+    assert len(low_steps) <= 4 and len(high_steps) <= 4
+    lucky, lucky_steps = remeasured(6.0)
+    assert 6.0 / 1.05 < lucky <= 6.0 and not lucky_steps[0][1]
+    # a trial with no capacity at all starts from the study's first load
+    assert scoring.remeasure_profile(0.0).next_load([]) == 1.0
+
+
 def cand(label, caps, n=0):
     from autotune.engine.args import EngineArgs
     from autotune.study.records import Candidate

@@ -54,6 +54,7 @@ from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
 from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, baseline_attrs, judge
+from autotune.study.scoring import REMEASURE_RESOLUTION
 from autotune.study.space import Space, default_space
 from autotune.study.storage import TPE_STARTUP_TRIALS, shared_storage
 from autotune.workload.source import LoadSteps
@@ -525,10 +526,14 @@ class StudyRun:
             return None
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
-        cands = [Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env)) for label, r in picks]
+        cands = [
+            Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env), trial_capacity=r.values[0])
+            for label, r in picks
+        ]
         self.notice(
             f"re-measuring {', '.join(c.label for c in cands)}, {self.d.remeasure_repeats} times each, "
-            "interleaved: the winner goes by median, and a gain must beat the spread"
+            f"interleaved, each from its trial's capacity in steps of {REMEASURE_RESOLUTION:g}x: "
+            "the winner goes by median, and a gain must beat the spread"
         )
         for rep in range(self.d.remeasure_repeats):
             for c in cands:
@@ -540,7 +545,7 @@ class StudyRun:
                     self.table,
                     self.steps.at,
                     self.d.slos,
-                    self.scoring.profile(),
+                    self.scoring.remeasure_profile(c.trial_capacity),
                     log_dir=log_dir,
                     startup_timeout=self.d.startup_timeout_s,
                     requests_file=log_dir / "requests.jsonl",

@@ -15,7 +15,11 @@ import math
 from autotune.measure.profiles import Ladder, LoadProfile
 from autotune.measure.session import Outcome
 
-__all__ = ["Scoring", "Capacity", "Pareto", "KINDS", "scoring_for"]
+__all__ = ["Scoring", "Capacity", "Pareto", "KINDS", "REMEASURE_RESOLUTION", "scoring_for"]
+
+# A re-measurement orders finalists that the trials' ladder (1.25x) could not tell apart: configs 5-20 % apart
+# measure alike on a shared 1.25x grid, so the median of repeats cannot order them (bench/README.md, issue 25).
+REMEASURE_RESOLUTION = 1.05
 
 
 class Scoring:
@@ -32,6 +36,14 @@ class Scoring:
     def profile(self) -> LoadProfile:
         """The loads a trial of this kind steps through."""
         return Ladder(self.start_load, self.max_steps, self.resolution)
+
+    def remeasure_profile(self, capacity: float) -> LoadProfile:
+        """The loads a re-measurement of a config that a trial measured at ``capacity`` steps through, within the
+        trials' step budget: the trial's ladder put the capacity between ``capacity`` and ``capacity`` x the
+        resolution, so it starts in the middle of that bracket and gallops at ``REMEASURE_RESOLUTION``, which
+        bisects the bracket down to about that resolution in four steps."""
+        start = capacity * math.sqrt(self.resolution) if capacity > 0 else self.start_load
+        return Ladder(start, self.max_steps, REMEASURE_RESOLUTION, gallop=True)
 
     def value(self, out: Outcome) -> float | tuple[float, ...]:
         raise NotImplementedError
