@@ -23,7 +23,10 @@ QKV, rotary, attention, O, residual, RMSNorm, gate_up, SiLU x up, down, residual
   make (its Hopper kernel is FlashAttention-3).
 
 Each row is the median of CUDA-event-timed repeats after a warm-up. Rows are written as they are
-measured, so a run cut short keeps what it measured. Run it where a GPU and PyTorch are:
+measured, so a run cut short keeps what it measured; ``derived`` (``derive``) sums them up in the
+step model's terms, and ``--derive`` recomputes it from a stored file without a GPU
+(``bench_sim_fidelity.py --graph-measured`` runs the simulator with it). Run it where a GPU and
+PyTorch are:
 
     python3 scripts/gpu_layer_bench.py --gpu h100-80gb --json bench/gpu_layer_h100.json
     python3 scripts/gpu_layer_bench.py --gpu h200-141gb --json bench/gpu_layer_h200.json
