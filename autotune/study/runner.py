@@ -526,8 +526,9 @@ class StudyRun:
             return None
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
+        base_rate = self.steps.base.rate
         cands = [
-            Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env), trial_capacity=r.values[0])
+            Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env), trial_load=r.values[0] / base_rate)
             for label, r in picks
         ]
         self.notice(
@@ -545,7 +546,7 @@ class StudyRun:
                     self.table,
                     self.steps.at,
                     self.d.slos,
-                    self.scoring.remeasure_profile(c.trial_capacity),
+                    self.scoring.remeasure_profile(c.trial_load),
                     log_dir=log_dir,
                     startup_timeout=self.d.startup_timeout_s,
                     requests_file=log_dir / "requests.jsonl",

@@ -37,12 +37,12 @@ class Scoring:
         """The loads a trial of this kind steps through."""
         return Ladder(self.start_load, self.max_steps, self.resolution)
 
-    def remeasure_profile(self, capacity: float) -> LoadProfile:
-        """The loads a re-measurement of a config that a trial measured at ``capacity`` steps through, within the
-        trials' step budget: the trial's ladder put the capacity between ``capacity`` and ``capacity`` x the
-        resolution, so it starts in the middle of that bracket and gallops at ``REMEASURE_RESOLUTION``, which
-        bisects the bracket down to about that resolution in four steps."""
-        start = capacity * math.sqrt(self.resolution) if capacity > 0 else self.start_load
+    def remeasure_profile(self, trial_load: float) -> LoadProfile:
+        """The loads a re-measurement of a config whose trial held ``trial_load`` at most steps through, within the
+        trials' step budget: the trial's ladder put the capacity between that load and the resolution times it,
+        so it starts in the middle of that bracket and gallops at ``REMEASURE_RESOLUTION``, which bisects the
+        bracket down to about that resolution in four steps."""
+        start = trial_load * math.sqrt(self.resolution) if trial_load > 0 else self.start_load
         return Ladder(start, self.max_steps, REMEASURE_RESOLUTION, gallop=True)
 
     def value(self, out: Outcome) -> float | tuple[float, ...]:
