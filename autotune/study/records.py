@@ -213,9 +213,9 @@ class Candidate:
     label: str
     trial_number: int
     args: EngineArgs
-    trial_load: float = 0.0  # the load its trial held last (its capacity / the base rate): where re-measuring starts
     capacities: list[float] = field(default_factory=list)
     runs: list[list[dict[str, Any]]] = field(default_factory=list)  # each run's load steps
+    trial_load: float = 0.0  # the load its trial held last (its capacity / the base rate): where re-measuring starts
 
     @property
     def median(self) -> float:
