@@ -368,9 +368,10 @@ def test_replay_on_an_engine_that_died_under_load(server):
 # --- the re-measurement's verdict ---
 
 def test_the_remeasurement_orders_finalists_the_trials_ladder_measured_alike():
-    """Two configs 9 % apart that the trials' 1.25x ladder both put at 6.09 req/s (issue 25's prefix chat) come
-    apart when re-measured: each starts in the middle of its trial's bracket and gallops at 1.05x, within the
-    trials' four steps; a config whose trial was lucky (its capacity below the trial's) is bisected downwards."""
+    """Two configs 9 % apart that the trials' 1.25x ladder both put at load 6.09 (issue 25's prefix chat, at a
+    base rate of 1 req/s) come apart when re-measured: each starts in the middle of its trial's bracket and
+    gallops at 1.05x, within the trials' four steps; a config whose trial was lucky (its capacity below the
+    load its trial held) is bisected downwards."""
     from autotune.study.scoring import REMEASURE_RESOLUTION, scoring_for
 
     scoring = scoring_for("capacity", 1.0, 4, 1.25)
