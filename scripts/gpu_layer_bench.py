@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gpu_microbench
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -62,20 +63,8 @@ CHUNKS = (2048, 8192)
 COMPILED_BATCHES = (1, 32)
 
 
-def timed(fn, repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds of one call of ``fn``, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+# gpu_microbench's timer (CUDA events, median after a warm-up), with fewer repeats: a layer runs longer than a GEMM
+timed = partial(gpu_microbench.timed, repeats=20, warmup=3)
 
 
 class Layer:
