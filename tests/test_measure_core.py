@@ -384,9 +384,12 @@ def test_the_remeasurement_orders_finalists_the_trials_ladder_measured_alike():
 
     (low, low_steps), (high, high_steps) = remeasured(7.07), remeasured(7.71)
     assert low < high and 7.71 / high < 1.05 and 7.07 / low < REMEASURE_RESOLUTION
-    assert len(low_steps) <= 4 and len(high_steps) <= 4
+    assert len(low_steps) <= 4 and len(high_steps) <= 4  # the two extra steps serve a run far off
     lucky, lucky_steps = remeasured(6.0)
     assert 6.0 / 1.05 < lucky <= 6.0 and not lucky_steps[0][1]
+    # a trial that stalled to 60 % of the config: the re-measurement still reaches a load it misses (no floor)
+    stalled, stalled_steps = remeasured(6.09 / 0.6)
+    assert stalled <= 6.09 / 0.6 < min(load for load, ok in stalled_steps if not ok) and len(stalled_steps) <= 6
     # a trial with no capacity at all starts from the study's first load
     assert scoring.remeasure_profile(0.0).next_load([]) == 1.0
 
