@@ -41,8 +41,8 @@ class Scoring:
         """The loads a re-measurement of a config whose trial held ``trial_load`` at most steps through. The
         trial's ladder put the capacity between that load and the resolution times it, so it starts in the middle
         of that bracket and gallops at ``REMEASURE_RESOLUTION``, which bisects the bracket down to about that
-        resolution in four steps. Two steps more than a trial's let a run whose trial was far off (a stalled run
-        measures 60-90 % of the config) still find a load it misses: the gallop squares its stride, so six steps
+        resolution in four steps. Two steps more than a trial's let a run whose trial was far off (a stall of the
+        host or the GPU during the trial) still find a load it misses: the gallop squares its stride, so six steps
         try 4.5x the start; a run that held every load is a floor, and no gain over a floor can be stated."""
         start = trial_load * math.sqrt(self.resolution) if trial_load > 0 else self.start_load
         return Ladder(start, self.max_steps + 2, REMEASURE_RESOLUTION, gallop=True)
