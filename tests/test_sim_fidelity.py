@@ -167,8 +167,8 @@ def test_the_decode_layer_summary_is_its_raw_rows_own(gpu, measured):
 
 
 def test_the_decode_layer_derivation_recovers_the_constants_it_was_built_from():
-    """Rows made from a GEMM share, a KV share and a per-layer rest give those three back; the rest is what is
-    left once the GEMMs and the KV reads are taken out, so a larger KV share leaves a larger rest."""
+    """Rows made from a GEMM share, a KV share and a per-layer rest give those three back (the rest is what is
+    left once the GEMMs and the KV reads are taken out); a TP-4 slice holds a quarter of a layer's weights."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_layer_bench
 
