@@ -76,11 +76,7 @@ class Layer:
         self.heads, self.d = cfg["num_attention_heads"] // tp, d
         self.kv_heads = max(1, cfg["num_key_value_heads"] // tp)
         q, kv, inter = self.heads * d, self.kv_heads * d, cfg["intermediate_size"] // tp
-
-        def w(i: int, o: int) -> torch.Tensor:
-            return torch.randn(i, o, device=DEVICE, dtype=torch.bfloat16) * 0.02
-
-        self.qkv, self.o, self.gate_up, self.down = w(h, q + 2 * kv), w(q, h), w(h, 2 * inter), w(inter, h)
+        self.qkv, self.o, self.gate_up, self.down = gpu_microbench.layer_weights(cfg, tp, DEVICE)
         self.norm1 = torch.ones(h, device=DEVICE, dtype=torch.bfloat16)
         self.norm2 = torch.ones(h, device=DEVICE, dtype=torch.bfloat16)
         self.split = (q, kv, kv)
@@ -277,9 +273,8 @@ def layer_bytes(shape: str) -> tuple[int, int]:
     """(weight bytes of one layer's four GEMMs, KV bytes per cached token) on one GPU, for NAME[:TP]."""
     name, _, tp = shape.partition(":")
     cfg, tp = MODELS[name], int(tp or 1)
-    h, d, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"] // tp
-    q, kv = cfg["num_attention_heads"] // tp * d, max(1, cfg["num_key_value_heads"] // tp) * d
-    return 2 * (h * (q + 2 * kv) + q * h + h * 2 * inter + inter * h), 2 * 2 * kv
+    kv = max(1, cfg["num_key_value_heads"] // tp) * cfg["head_dim"]
+    return 2 * sum(i * o for i, o in gpu_microbench.layer_shapes(cfg, tp)), 2 * 2 * kv
 
 
 def derive(out: dict, bandwidth: float) -> dict[str, float]:

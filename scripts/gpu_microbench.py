@@ -71,12 +71,16 @@ def timed(fn, repeats: int = 30, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
-def layer_weights(cfg: dict, tp: int) -> list[torch.Tensor]:
-    """One layer's linear weights, (in, out), as tensor parallelism slices them on one GPU."""
+def layer_shapes(cfg: dict, tp: int) -> list[tuple[int, int]]:
+    """One layer's linear weights' (in, out) shapes, qkv, o, gate_up, down, as tensor parallelism slices them."""
     h, d = cfg["hidden_size"], cfg["head_dim"]
     q, kv, inter = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
-    shapes = [(h, (q + 2 * kv) // tp), (q // tp, h), (h, 2 * inter // tp), (inter // tp, h)]
-    return [torch.randn(i, o, device="cuda", dtype=torch.bfloat16) * 0.02 for i, o in shapes]
+    return [(h, (q + 2 * kv) // tp), (q // tp, h), (h, 2 * inter // tp), (inter // tp, h)]
+
+
+def layer_weights(cfg: dict, tp: int, device: str = "cuda") -> list[torch.Tensor]:
+    """One layer's linear weights, (in, out), as tensor parallelism slices them on one GPU."""
+    return [torch.randn(i, o, device=device, dtype=torch.bfloat16) * 0.02 for i, o in layer_shapes(cfg, tp)]
 
 
 def measure_gemm(cfg: dict, tp: int) -> list[dict]:
