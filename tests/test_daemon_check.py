@@ -50,8 +50,11 @@ def test_a_config_with_everything_in_place_passes(tmp_path, vllm_sim, tiny_model
 def test_each_missing_piece_is_one_line_and_a_failing_exit(tmp_path):
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     study = tmp_path / "staging.toml"
-    study.write_text((ROOT / "studies" / "sim-h100-8b-chat.toml").read_text()
-                     .replace('tokenizer = "models/tiny-llama"', 'tokenizer = "no/such/tokenizer"')
+    shipped = (ROOT / "studies" / "sim-h100-8b-chat.toml").read_text()
+    # both strings must be in the shipped file: a replace that matches nothing would leave a tokenizer that
+    # exists wherever models/ was built, and the test would pass only where it was not
+    assert 'tokenizer = "./models/tiny-llama"' in shipped and 'command = ".venv/bin/vllm-sim' in shipped
+    study.write_text(shipped.replace('tokenizer = "./models/tiny-llama"', 'tokenizer = "no/such/tokenizer"')
                      .replace('command = ".venv/bin/vllm-sim', 'command = "/no/such/vllm-sim'))
     r = check(write_config(tmp_path, down, yaml=False, restart=("no-such-restart-tool", "vllm@production"),
                            study=study, watch={"arrivals_log": str(tmp_path / "no-such-arrivals.log")}))
