@@ -504,7 +504,10 @@ class Circularity:
     first_pick: float  # the guide's best predicted config's expected capacity, as a share of the optimum (ties: mean)
 
 
-def circularity(sc: Scenario, table: dict[str, dict[str, Any]], guide: dict[str, float]) -> Circularity:
+def circularity(sc: Scenario, table: dict[str, dict[str, Any]], guide: dict[str, float],
+                rank: dict[str, float] | None = None) -> Circularity:
+    """The check for one truth; the first pick is the guide's best by ``rank`` (what a study orders by: the
+    capacity, finer than its load grid) where given, else by its capacity."""
     from autotune.sim.fit import spearman
 
     keys = sorted(guide)
@@ -512,8 +515,9 @@ def circularity(sc: Scenario, table: dict[str, dict[str, Any]], guide: dict[str,
     guide_starts = {k: plan_startup(shape, gpu, SimConfig.from_args(json.loads(k), gpu, shape)).plan is not None
                     for k in keys}
     optimum = max(r.get("capacity", 0.0) for r in table.values()) or 1.0
-    top = max(guide.values())
-    tie = [k for k in keys if guide[k] >= top * (1 - 1e-9)]
+    order = rank or guide
+    top = max(order.values())
+    tie = [k for k in keys if order[k] >= top * (1 - 1e-9)]
     return Circularity(
         spearman=spearman([guide[k] for k in keys], [table[k].get("capacity", 0.0) for k in keys]),
         starts_not=sum(guide_starts[k] and not table[k]["starts"] for k in keys),
@@ -751,9 +755,14 @@ def settled(points: list[tuple[float, float]], trials: list[Trial]) -> tuple[int
 
 
 def shipped_capacity(job: tuple[Scenario, str]) -> float:
-    """The shipped simulator's predicted capacity (req/s) of a config: what autotune ranks by before it has
-    measured anything (sim/advisor.simulator with vllm-sim's own constants, as a study builds it on a host with
-    no fit yet)."""
+    """The shipped simulator's predicted capacity (req/s) of a config (sim/advisor.simulator with vllm-sim's own
+    constants, as a study builds it on a host with no fit yet)."""
+    return shipped_prediction(job)[0]
+
+
+def shipped_prediction(job: tuple[Scenario, str]) -> tuple[float, float]:
+    """The shipped simulator's (capacity, rank) of a config (req/s both): what autotune states and what it orders
+    by before it has measured anything."""
     from autotune.measure.slo import parse_slos
     from autotune.sim.advisor import devices_of_profile, simulator
     from autotune.study.advisor import AdvisorTarget
@@ -763,24 +772,27 @@ def shipped_capacity(job: tuple[Scenario, str]) -> float:
                            parse_slos(list(sc.slos)), "shipped")
     sim, why = simulator(target, calibrated=False)
     assert sim is not None, why
-    return sim.one(json.loads(key)).capacity_rps or 0.0
+    p = sim.one(json.loads(key))
+    return p.capacity_rps or 0.0, p.rank_rps or 0.0
 
 
-def shipped_table(sc: Scenario, jobs: int) -> dict[str, float]:
-    """Every grid config's shipped prediction (cached: bench/search-truth/SCENARIO-shipped.json, stamped with the
-    shipped constants, so a new calibration computes it again)."""
+def shipped_table(sc: Scenario, jobs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Every grid config's shipped prediction: (capacity, rank) per key (cached: bench/search-truth/
+    SCENARIO-shipped.json, stamped with the shipped constants, so a new calibration computes it again)."""
     from autotune.sim import rank
 
     path = ROOT / "bench" / "search-truth" / f"{sc.name}-shipped.json"
     keys = grid_keys(sc)
     stamp = {"scenario": asdict(sc), "gpu": asdict(gpu_profile(sc.gpu)), "front": asdict(API_SERVER),
-             "grid": rank.GRID, "max_requests": MAX_REQUESTS}
+             "grid": rank.GRID, "max_requests": MAX_REQUESTS, "rows": ["capacity_rps", "rank_rps"]}
 
-    def compute() -> dict[str, float]:
+    def compute() -> dict[str, list[float]]:
         with multiprocessing.Pool(jobs) as pool:
-            return dict(zip(keys, pool.map(shipped_capacity, [(sc, k) for k in keys], chunksize=2), strict=True))
+            return dict(zip(keys, map(list, pool.map(shipped_prediction, [(sc, k) for k in keys], chunksize=2)),
+                            strict=True))
 
-    return _cached_rows(path, stamp, keys, compute)
+    rows = _cached_rows(path, stamp, keys, compute)
+    return {k: rows[k][0] for k in keys}, {k: rows[k][1] for k in keys}
 
 
 
@@ -843,13 +855,14 @@ def main() -> int:
             continue
         print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, {sc.workload} at {sc.rate} req/s, SLOs "
               f"{', '.join(sc.slos)}", file=sys.stderr)
-        _GUIDES[sc.name] = guide = shipped_table(sc, a.jobs)
+        guide, ranks = shipped_table(sc, a.jobs)
+        _GUIDES[sc.name] = guide
         for seed in range(first, first + a.seeds):
             truth = truth_of(sc, seed)
             table = truth_table(truth, a.jobs, a.fresh)
             optimum = max(r.get("capacity", 0.0) for r in table.values())
             share = table[defaults_key(sc)].get("capacity", 0.0) / optimum if optimum else 0.0
-            check = circularity(sc, table, guide)
+            check = circularity(sc, table, guide, ranks)
             flipped = f", the guide's {truth.form.flipped} reversed" if truth.form.flipped else ""
             print(f"  seed {seed}{flipped}: optimum {optimum:.2f} req/s, vLLM defaults at {share:.0%}; guide vs "
                   f"truth: Spearman {_rho(check.spearman)}, {check.starts_not} configs start in the guide only and "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite as CI runs it (docs/testing.md), in four runs:
-# 1. everything that starts no real engine, on four pytest-xdist workers (their wall time is mostly waiting);
+# 1. everything that starts no real engine, on six pytest-xdist workers (their wall time is mostly waiting);
 # 2. the real engines (vLLM, Xinference) whose tests assert no speed, two at a time: a start is three processes
 #    importing torch one after the other, one core each, so two starts share the two cores;
 # 3. the two real studies (marked `paired`), side by side: many engine starts each, and assertions on mechanisms
@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
-"$py" -m pytest -n 4 --dist loadgroup -m "not engine and not xinference" --durations=25 "$@"
+"$py" -m pytest -n 6 --dist loadgroup -m "not engine and not xinference" --durations=25 "$@"
 first=$?
 # the code checks (ruff, mypy: scripts/check_code.sh) beside the second run, whose engines assert no speed
 checks_log=$(mktemp)

@@ -144,7 +144,7 @@ def vllm_sim(tiny_model, tmp_path_factory):
 
 # -- the run spread over pytest-xdist's workers ---------------------------------------------------------
 
-# scripts/run_tests.sh runs the tests that start no real engine on four workers, then the real engines that assert
+# scripts/run_tests.sh runs the tests that start no real engine on six workers, then the real engines that assert
 # no speed on two, then the two real studies (`paired`) side by side, then those that assert speed (`alone`). A
 # module-scoped fixture (a finished study, a running server) is paid once per worker that runs one of its
 # module's tests, so such a module's tests stay on one worker.

@@ -37,7 +37,7 @@ class StubAdvisor(Advisor):
     def predict(self, points):
         if self.fails is not None:
             raise self.fails
-        return [_prediction(self.capacity(p)) for p in points]
+        return [_prediction(*c) if isinstance(c := self.capacity(p), tuple) else _prediction(c) for p in points]
 
     def startup_failure(self, values):
         return self.startup(values)
@@ -364,10 +364,13 @@ def _study_run(tmp_path, tiny_model, trials, notice=None):
     return run, d
 
 
-def _prediction(capacity):
+def _prediction(capacity, rank=None):
+    """A prediction as the simulator's (sim/rank.Predicted) reads: ``rank`` orders, ``capacity`` where not given."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(capacity_rps=capacity, to_json=lambda: {"capacity_rps": capacity})
+    rank = capacity if rank is None else rank
+    return SimpleNamespace(capacity_rps=capacity, rank_rps=rank,
+                           to_json=lambda: {"capacity_rps": capacity, "rank_rps": rank})
 
 
 def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity(tmp_path, tiny_model):
@@ -397,6 +400,27 @@ def test_picks_and_baselines_are_queued_in_the_order_of_their_predicted_capacity
     assert any("best predicted 9.00 req/s, 2 configs tied there" in line for line in said), said
     assert ties([(9.0, {}), (8.9, {})]) == ""  # a best of its own: nothing to say
     assert run.advice.queue_first(study, [broken, strong]) == set()  # once per study: a resumed run queues nothing
+
+
+def test_configs_the_grid_ties_are_queued_by_how_close_each_came_to_the_next_load(tmp_path, tiny_model):
+    """Pure (no engine): three configs share the best grid capacity (9.0) and differ in rank_rps; the two closest
+    to the next load are the picks, best first, each stated at its grid capacity (where its ladder starts), and
+    the console counts no tie; the baseline at 6.0 still runs after them."""
+    from autotune.study.baselines import BaselinePoint
+
+    said = []
+    run, _ = _study_run(tmp_path, tiny_model, trials=10, notice=said.append)
+    rank = {2: (9.0, 9.1), 6: (9.0, 9.6), 20: (9.0, 9.4), 64: (6.0, 6.0)}
+    advise(run, StubAdvisor(lambda p: rank[p["max_num_seqs"]]))
+    study = optuna.create_study(direction="maximize")
+    run.advice.queue_first(study, [BaselinePoint("default", {"gpu_memory_utilization": 0.85, "max_num_seqs": 64})])
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    order = [(t.system_attrs["fixed_params"]["max_num_seqs"], t.user_attrs[Attr.PREDICTED_CAPACITY_RPS])
+             for t in waiting]
+    assert order[:3] == [(6, 9.0), (20, 9.0), (2, 9.0)] and order[-1] == (64, 6.0), order
+    assert any("best predicted 9.00 req/s" in line and "tied" not in line for line in said), said
+    kept = {p["values"]["max_num_seqs"]: p["rank_rps"] for p in study.user_attrs[Attr.SIM_PREDICTIONS]}
+    assert kept == {2: 9.1, 6: 9.6, 20: 9.4, 64: 6.0}  # kept in the study beside each capacity
 
 
 def test_a_builtin_baseline_that_runs_another_baselines_config_is_measured_once(tmp_path, tiny_model):

@@ -6,13 +6,15 @@ simulator predicts (the highest load at which every SLO holds, as the load ladde
 ``base_rate`` x the load) or the start-up failure vLLM would print. The engine is vllm-sim's (start-up plan,
 scheduler, step model, the API server's costs); the client replays the study's own load steps
 (``workload_at(load)``: the same duration at every load, as the trials measure it) on a grid of loads 9 % apart,
-galloped then bisected, assuming a config that holds at a load holds at every lower one.
+galloped then bisected, assuming a config that holds at a load holds at every lower one. Configs the grid ties are
+ordered by how close each came to holding the next load (``Predicted.rank_rps``), from the loads already simulated.
 
 A prediction is a ranking aid, not a measurement: the study measures what it predicts and records both.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
 from autotune.workload.trace import Workload
 
-__all__ = ["Predicted", "SpaceSimulator"]
+__all__ = ["Predicted", "SpaceSimulator", "between"]
 
 GRID = 8  # loads are 2 ** (k / GRID): 9 % apart, finer than the ladder's 1.25, and few enough to cache
 LOWEST = -4 * GRID  # load 1/16: below it a config "holds nothing" (capacity 0)
@@ -39,9 +41,24 @@ class Predicted:
     capacity_rps: float | None  # None: it would not start
     failure: str | None = None  # vLLM's start-up failure line, when it would not start
     kv_cache_tokens: int | None = None
+    # how far towards the next grid load (0 to 1, in the grid's log steps) the SLOs would still hold: the worst
+    # SLO's relative violation interpolated between the highest load that holds and the next, which misses.
+    # Configs the grid ties (tens of them on long prompts) differ here; no load is simulated for it
+    between: float = 0.0
+
+    @property
+    def rank_rps(self) -> float | None:
+        """The capacity a study orders configs by: ``capacity_rps`` moved ``between`` of the way to the next grid
+        load."""
+        return None if self.capacity_rps is None else self.capacity_rps * 2 ** (self.between / GRID)
 
     def to_json(self) -> dict[str, Any]:
-        return {"capacity_rps": self.capacity_rps, "failure": self.failure, "kv_cache_tokens": self.kv_cache_tokens}
+        return {
+            "capacity_rps": self.capacity_rps,
+            "failure": self.failure,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "rank_rps": self.rank_rps,
+        }
 
 
 class SpaceSimulator:
@@ -82,14 +99,35 @@ class SpaceSimulator:
         if start.plan is None:
             return Predicted(None, (start.failure or ("start-up failed",))[0][:300])
         plan = start.plan
+        worst: dict[int, float] = {}  # per load simulated: the worst SLO's relative violation (inf: a request failed)
 
         def holds(k: int) -> bool:
             engine = SimEngine(self.shape, self.gpu, config, plan, self.front_end)
             summary = summarize(simulate(engine, self.workload_at(2 ** (k / GRID)), warmup=4), self.slos)
-            return summary.failed == 0 and all(v.holds for v in summary.verdicts(self.slos))
+            verdicts = summary.verdicts(self.slos)
+            worst[k] = math.inf if summary.failed else max((v.violation for v in verdicts), default=-math.inf)
+            return summary.failed == 0 and all(v.holds for v in verdicts)
 
         k = highest_holding(holds, LOWEST, HIGHEST)
-        return Predicted(0.0 if k is None else self.base_rate * 2 ** (k / GRID), kv_cache_tokens=plan.kv_tokens)
+        if k is None:
+            return Predicted(0.0, kv_cache_tokens=plan.kv_tokens)
+        return Predicted(
+            self.base_rate * 2 ** (k / GRID),
+            kv_cache_tokens=plan.kv_tokens,
+            between=between(worst.get(k), worst.get(k + 1)),
+        )
+
+
+def between(holding: float | None, missing: float | None) -> float:
+    """Where the worst SLO's relative violation crosses 0 between a load that holds (``holding`` <= 0) and the next
+    one, which misses (``missing`` > 0), as a share of the step. Linear: where latency climbs steeply into the next
+    load it says too little (against a grid 4x finer, tests/test_sim_rank.py), but it orders configs. 0 where
+    either is unknown or a request failed at the next load (nothing to interpolate)."""
+    if holding is None or missing is None or not (math.isfinite(holding) and math.isfinite(missing)):
+        return 0.0
+    if missing <= holding:
+        return 0.0
+    return min(max(-holding / (missing - holding), 0.0), 1.0)
 
 
 def highest_holding(holds: Callable[[int], bool], lo: int, hi: int, stride: int = GRID) -> int | None:

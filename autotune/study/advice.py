@@ -30,8 +30,9 @@ SIM_RERANK = 16  # after a refit, the configs predicted best before it are predi
 
 
 def ties(ranked: list[tuple[float, dict[str, Any]]]) -> str:
-    """What the console says of configs predicted at the best capacity: the simulator's loads are 9 % apart, so
-    they are a tie it cannot break, and only measuring them ranks them (bench/README.md)."""
+    """What the console says of configs predicted at the same best capacity, even between its grid's loads (a
+    request failed at the next load, or every one of them came equally close): a tie the simulator cannot break,
+    and only measuring them ranks them (bench/README.md)."""
     tied = sum(1 for c, _ in ranked if c >= ranked[0][0] * (1 - 1e-9))
     return f", {tied} configs tied there (within the simulator's resolution: measuring ranks them)" if tied > 1 else ""
 
@@ -121,8 +122,14 @@ class Advice:
         if answers is None:
             return set()
         predicted, of_baselines = answers[: len(points)], answers[len(points) :]
+        # ordered by rank_rps (the capacity, finer than its load grid), stated by capacity_rps (what ladders start at)
         ranked = sorted(
-            ((p.capacity_rps, v) for v, p in zip(points, predicted, strict=True) if p.capacity_rps), key=lambda x: -x[0]
+            (
+                (p.capacity_rps, p.rank_rps or p.capacity_rps, v)
+                for v, p in zip(points, predicted, strict=True)
+                if p.capacity_rps
+            ),
+            key=lambda x: -x[1],
         )
         failures = sum(1 for p in predicted if p.capacity_rps is None)
         study.set_user_attr(
@@ -130,7 +137,11 @@ class Advice:
         )
         self.notice(
             f"simulated {len(points)} configs in {time.monotonic() - t0:.0f} s: {failures} would not start; "
-            + (f"best predicted {ranked[0][0]:.2f} req/s{ties(ranked)}" if ranked else "none meets the SLOs")
+            + (
+                f"best predicted {ranked[0][0]:.2f} req/s{ties([(r, v) for _, r, v in ranked])}"
+                if ranked
+                else "none meets the SLOs"
+            )
         )
         trials = study.get_trials(deepcopy=False)
         # a waiting (enqueued) trial has no params yet: Optuna keeps them as its fixed params
@@ -138,17 +149,17 @@ class Advice:
         queued |= {_key(b.params) for b in baselines}
         left = None if self.budget is None else self.budget - len(trials) - len(baselines)
         room = SIM_FIRST if left is None else min(SIM_FIRST, left)
-        picks = [(c, v) for c, v in ranked if _key(v) not in queued][: max(room, 0)]
+        picks = [(c, r, v) for c, r, v in ranked if _key(v) not in queued][: max(room, 0)]
         study.set_user_attr(
             Attr.SIM_PICKS,
             [
                 {"values": v, "capacity_rps": c, "why": f"simulator: predicted {c:.2f} req/s, #{rank} of {len(points)}"}
-                for rank, (c, v) in enumerate(picks, 1)
+                for rank, (c, _, v) in enumerate(picks, 1)
             ],
         )
         order = sorted(
-            [(p.capacity_rps or 0.0, 0, i) for i, p in enumerate(of_baselines)]
-            + [(c, 1, i) for i, (c, _) in enumerate(picks)],
+            [(p.rank_rps or 0.0, 0, i) for i, p in enumerate(of_baselines)]
+            + [(r, 1, i) for i, (_, r, _) in enumerate(picks)],
             key=lambda x: (-x[0], x[1]),
         )
         for _, is_pick, i in order:
@@ -290,8 +301,9 @@ class Advice:
             measured.add(_key(t.params))
             if Attr.UTILIZATION in t.user_attrs and self.memory_fraction:  # and what ran: where the rule moved it
                 measured.add(_key({**t.params, self.memory_fraction: t.user_attrs[Attr.UTILIZATION]["runs"]}))
-        ranked = sorted(
-            (p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")), key=lambda p: -p["capacity_rps"]
+        ranked = sorted(  # a study an older autotune began kept no rank_rps
+            (p for p in a.get(Attr.SIM_PREDICTIONS, []) if p.get("capacity_rps")),
+            key=lambda p: -(p.get("rank_rps") or p["capacity_rps"]),
         )
         left = [p["values"] for p in ranked if _key(p["values"]) not in measured][:SIM_RERANK]
         if not left:
@@ -299,8 +311,9 @@ class Advice:
         predicted = self.predict([self.space.engine_args(v) for v in left])
         if predicted is None:
             return
-        capacity, values = max(
-            ((p.capacity_rps or 0.0, v) for v, p in zip(left, predicted, strict=True)), key=lambda x: x[0]
+        capacity, _, values = max(
+            ((p.capacity_rps or 0.0, p.rank_rps or 0.0, v) for v, p in zip(left, predicted, strict=True)),
+            key=lambda x: x[1],
         )
         best = max((r.capacity_rps for r in records if r.feasible), default=0.0)
         if capacity <= best:

@@ -48,6 +48,9 @@ class Prediction(Protocol):
     @property
     def capacity_rps(self) -> float | None: ...  # None: it would not start
 
+    @property
+    def rank_rps(self) -> float | None: ...  # what configs are ordered by: capacity_rps, or finer where it ties
+
     def to_json(self) -> dict[str, Any]: ...
 
 
