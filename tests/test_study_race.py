@@ -525,3 +525,19 @@ def test_a_ladder_starts_at_the_prediction_scaled_by_how_far_off_the_simulator_h
                record(5, 5.0, 10.0, TrialState.PRUNED),  # a lost race or a pruned climb: a lower bound only
                record(6, 1.0, 10.0, **{Attr.SAME_CONFIG_AS: 0})]  # not measured: a copy
     assert prediction_bias([record(0, 8.0, 10.0), *ignored]) == pytest.approx(0.8)
+
+
+def test_a_study_whose_baselines_all_missed_says_why_it_is_not_re_measured(tmp_path, tiny_model):
+    """Pure (no engine): a sampled trial held the SLOs and the only baseline did not; the re-measurement has no
+    gain to read and says so in one line instead of ending without a word."""
+    said = []
+    run, _ = _study_run(tmp_path, tiny_model, trials=4, notice=said.append)
+    study = optuna.create_study(direction="maximize")
+    _measured(study, 16, 6.0, 6.0)
+    missed = _measured(study, 2, 1.0, 1.0)
+    study.add_trial(optuna.trial.create_trial(
+        params=missed.params, distributions=missed.distributions, value=0.0,
+        user_attrs={**missed.user_attrs, Attr.BASELINE: "max-num-seqs-2", Attr.CONSTRAINTS: [0.4, -1.0]}))
+    assert run.remeasure(study) is None
+    assert said == ["not re-measured: no baseline held the SLOs, so there is no gain to read; the best config "
+                    "stands on its trial's one measurement"], said

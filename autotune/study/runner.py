@@ -522,7 +522,11 @@ class StudyRun:
         done = [r for r in map(TrialRecord.of, study.get_trials(deepcopy=False)) if r.feasible]
         sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.values[0])
         baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.values[0])
-        if not baselines:
+        if not baselines:  # a gain is read against a baseline
+            self.notice(
+                "not re-measured: no baseline held the SLOs, so there is no gain to read; "
+                "the best config stands on its trial's one measurement"
+            )
             return None
         picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
