@@ -145,7 +145,15 @@ def build_workload(point: dict[str, Any]) -> tuple[Workload, int | None]:
     """The point's requests and the client's max concurrency."""
     w = point["workload"]
     api = "chat" if w.get("endpoint") == "/v1/chat/completions" else "completion"
-    if w["dataset"] == "random":
+    if w["dataset"] == "random" and w.get("range_ratio"):
+        # `vllm bench serve --random-range-ratio R`: each length uniform within +-R of the mean (seeded here; the
+        # source's draws are not published). Fixed lengths would finish in lockstep at a concurrency limit, and
+        # the next wave's prefills would queue behind each other
+        n, r = int(w["num_prompts"]), float(w["range_ratio"])
+        rng = np.random.default_rng(0)
+        lengths = [(int(rng.uniform(1 - r, 1 + r) * w["input_len"]), int(rng.uniform(1 - r, 1 + r) * w["output_len"]))
+                   for _ in range(n)]
+    elif w["dataset"] == "random":
         n = int(w["num_prompts"])
         out_total = int(w.get("total_output_tokens", n * w["output_len"]))
         lengths = [(int(w["input_len"]), out_total // n + (1 if i < out_total % n else 0)) for i in range(n)]

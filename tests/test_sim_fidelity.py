@@ -71,6 +71,28 @@ def test_a_public_group_is_scored_on_its_knob_effect_and_its_points_on_their_reg
     assert "| tp-scaling | 3 |" in r.stdout
 
 
+def test_a_random_workload_with_a_range_ratio_draws_lengths_within_it():
+    """The vLLM blog's fp8-KV pair (bench/public_groups.toml): ~20k in, ~2k out, +-15 %, at concurrency 8. Each
+    length is drawn within the range, the same draws every run, and they differ (fixed lengths finish in lockstep
+    at a concurrency limit)."""
+    import tomllib
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_sim_fidelity as fidelity
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    points = tomllib.loads((ROOT / "bench" / "public_groups.toml").read_text())["point"]
+    point = next(p for p in points if p["id"] == "vllm-blog-fp8kv-llama8b-h100-bf16")
+    workload, concurrency = fidelity.build_workload(point)
+    ins = [r.prompt_tokens for r in workload.requests]
+    outs = [r.output_tokens for r in workload.requests]
+    assert concurrency == 8 and len(ins) == 150
+    assert all(17000 <= n <= 23000 for n in ins) and all(1700 <= n <= 2300 for n in outs)
+    assert len(set(outs)) > 100 and 19000 < sum(ins) / 150 < 21000
+    assert [r.prompt_tokens for r in fidelity.build_workload(point)[0].requests] == ins
+
+
 def test_the_script_refuses_unknown_points():
     r = subprocess.run([sys.executable, str(SCRIPT), "--points", "no-such-point"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120, check=False)
