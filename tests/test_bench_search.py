@@ -213,3 +213,19 @@ def test_the_shipped_prediction_is_the_products_simulator_on_the_scenarios_workl
     k = GRID * math.log2(capacity / bench._steps(sc).base.rate)
     assert capacity > 0 and k == pytest.approx(round(k), abs=1e-6)
     assert bench.shipped_capacity((sc, bench.key_of(sc, {"gpu_memory_utilization": 0.3}))) == 0.0  # cannot start
+
+
+def test_the_circularity_checks_first_pick_is_the_studys_by_rank(bench):
+    """Two configs the guide's capacity ties: without ranks the first pick is their mean; with ranks it is the one
+    the study queues first (rank_rps), and the shipped rank lies within the capacity's 9 % grid step."""
+    from autotune.sim.rank import GRID
+
+    sc = next(s for s in bench.SCENARIOS if s.name == "long-docs-70b-tp4-h100")
+    a, b = bench.grid_keys(sc)[:2]
+    table = {a: row(1.0), b: row(2.0)}
+    guide = {a: 1.5, b: 1.5}
+    assert bench.circularity(sc, table, guide).first_pick == pytest.approx(0.75)  # the tie, averaged
+    assert bench.circularity(sc, table, guide, {a: 1.6, b: 1.55}).first_pick == pytest.approx(0.5)
+    assert bench.circularity(sc, table, guide, {a: 1.55, b: 1.6}).first_pick == pytest.approx(1.0)
+    capacity, rank = bench.shipped_prediction((sc, bench.defaults_key(sc)))
+    assert capacity <= rank <= capacity * 2 ** (1 / GRID) * (1 + 1e-9)
