@@ -199,3 +199,50 @@ def test_a_replay_that_can_still_pass_runs_to_its_end():
         rep = run_replay(url, workload(10, 0.1, out=3), ReplayOptions(warmup_requests=0), give_up=give_up)
     assert rep.cut == "" and len(rep.results) == 10 and all(r.success for r in rep.results)
     assert len(asked) >= 2  # it was asked along the way, and said to go on
+
+
+def test_sse_lines_end_only_where_server_sent_events_end_them():
+    """CRLF, LF or CR end a line, a CRLF split across two chunks included; U+2028, U+0085 and the other
+    str.splitlines boundaries are text, as JSON carries them unescaped inside a token."""
+    import asyncio
+
+    from autotune.measure.replay import sse_lines
+
+    async def lines(*chunks):
+        async def gen():
+            for c in chunks:
+                yield c
+        return [line async for line in sse_lines(gen())]
+
+    data = 'data: {"text": "a\u2028b\x85c\x1cd"}'
+    assert asyncio.run(lines(data + "\r", "\n\r\n", "data: [DONE]\n\n")) == [data, "", "data: [DONE]", ""]
+    assert asyncio.run(lines("data: x\rdata: y\n", "data: z")) == ["data: x", "data: y", "data: z"]
+
+
+def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request():
+    """vLLM writes JSON with U+2028 unescaped (pydantic); a model that emits one (the tiny test model did, in CI)
+    must not fail its request as "malformed SSE data"."""
+    import asyncio
+    import json as jsonlib
+
+    from autotune.measure.metrics import RequestResult
+    from autotune.measure.replay import _stream_one
+
+    def chunk(obj):
+        return b"data: " + jsonlib.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+    body = (chunk({"choices": [{"index": 0, "text": "one\u2028two\x85"}]})
+            + chunk({"choices": [{"index": 0, "text": " three"}]})
+            + chunk({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}) + b"data: [DONE]\n\n")
+    assert "\u2028".encode() in body  # raw, as vLLM sends it
+
+    async def go():
+        transport = httpx.MockTransport(lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=body))
+        async with httpx.AsyncClient(base_url="http://vllm", transport=transport) as client:
+            result = RequestResult(index=0, scheduled_s=0.0, sent_s=0.0, success=False)
+            await _stream_one(client, Request(0.0, 2, prompt="hi"), "m", result)
+            return result
+
+    result = asyncio.run(go())
+    assert result.success and result.error == "" and result.output_tokens == 2 and len(result.itl) == 1

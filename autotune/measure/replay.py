@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -120,6 +121,26 @@ async def discover_model(client: httpx.AsyncClient) -> str:
         raise MeasurementError(f"cannot list the served models at {client.base_url}/v1/models: {e}") from e
 
 
+_SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A text stream's lines as Server-Sent Events end them: CRLF, LF or CR, nothing else. httpx's ``aiter_lines``
+    also ends a line at U+2028, U+0085 and the other ``str.splitlines`` boundaries, which JSON carries unescaped
+    inside a token's text: a model that writes one would cut its own data line in two."""
+    pending = ""
+    async for text in chunks:
+        pending += text
+        # a CR at the end may be the first half of a CRLF: it waits for the next chunk
+        end = len(pending) - 1 if pending.endswith("\r") else len(pending)
+        *lines, rest = _SSE_LINE_END.split(pending[:end])
+        pending = rest + pending[end:]
+        for line in lines:
+            yield line
+    if pending.rstrip("\r"):
+        yield pending.rstrip("\r")
+
+
 async def _stream_one(
     client: httpx.AsyncClient,
     r: Request,
@@ -143,7 +164,7 @@ async def _stream_one(
                 text = (await resp.aread()).decode("utf-8", "replace")[:300]
                 result.error = f"HTTP {resp.status_code}: {text}"
                 return
-            async for line in resp.aiter_lines():
+            async for line in sse_lines(resp.aiter_text()):
                 if not line.startswith("data:"):
                     continue  # blank separators and ": ping" comments
                 data = line[5:].strip()
