@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -280,7 +281,8 @@ def _stream(url: str, body: dict, path: str = "/v1/completions") -> list[dict]:
         with client.stream("POST", url + path, json=body) as resp:
             assert resp.status_code == 200, resp.read()[:300]
             assert resp.headers["content-type"].startswith("text/event-stream")
-            for line in resp.iter_lines():
+            # SSE lines end at CRLF, LF or CR only (httpx's iter_lines also splits at U+2028, which a token may hold)
+            for line in re.split(r"\r\n|\r|\n", resp.read().decode()):
                 if line.startswith("data:"):
                     data = line[5:].strip()
                     events.append(data if data == "[DONE]" else json.loads(data))
