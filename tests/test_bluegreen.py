@@ -158,7 +158,12 @@ def test_a_publish_switches_with_no_request_lost(rig, tmp_path, tiny_model):
     blue, green = target.colors["blue"], target.colors["green"]
     history = History(tmp_path / "history")
     traffic = Traffic(nginx.url, tiny_model, tmp_path, seconds=30)
-    time.sleep(4)  # users on blue first
+    # users on blue first: at least one request served (nginx logs a request when it ends, and on a loaded host
+    # the first may take longer than a fixed wait)
+    deadline = time.time() + 30
+    while not served_by(nginx) and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(1)
     t0 = time.time()
     result = publish(target, {**GOOD, "tokenizer": str(tiny_model), "max_num_seqs": 128}, history,
                      canary_for(tiny_model), verify=production_verifier(parse_slos(["ttft<2s"]), 3.0, min_requests=3))
