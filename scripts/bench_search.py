@@ -754,15 +754,10 @@ def settled(points: list[tuple[float, float]], trials: list[Trial]) -> tuple[int
     return sum(spent <= at * 3600 + 1e-6 for spent in itertools.accumulate(t.gpu_s for t in trials)), at
 
 
-def shipped_capacity(job: tuple[Scenario, str]) -> float:
-    """The shipped simulator's predicted capacity (req/s) of a config (sim/advisor.simulator with vllm-sim's own
-    constants, as a study builds it on a host with no fit yet)."""
-    return shipped_prediction(job)[0]
-
-
 def shipped_prediction(job: tuple[Scenario, str]) -> tuple[float, float]:
     """The shipped simulator's (capacity, rank) of a config (req/s both): what autotune states and what it orders
-    by before it has measured anything."""
+    by before it has measured anything (sim/advisor.simulator with vllm-sim's own constants, as a study builds it
+    on a host with no fit yet)."""
     from autotune.measure.slo import parse_slos
     from autotune.sim.advisor import devices_of_profile, simulator
     from autotune.study.advisor import AdvisorTarget

@@ -208,11 +208,11 @@ def test_the_shipped_prediction_is_the_products_simulator_on_the_scenarios_workl
     from autotune.sim.rank import GRID
 
     sc = next(s for s in bench.SCENARIOS if s.name == "long-docs-70b-tp4-h100")
-    capacity = bench.shipped_capacity((sc, bench.defaults_key(sc)))
+    capacity = bench.shipped_prediction((sc, bench.defaults_key(sc)))[0]
     # a capacity on the simulator's load grid (9 % apart) times the workload's own rate
     k = GRID * math.log2(capacity / bench._steps(sc).base.rate)
     assert capacity > 0 and k == pytest.approx(round(k), abs=1e-6)
-    assert bench.shipped_capacity((sc, bench.key_of(sc, {"gpu_memory_utilization": 0.3}))) == 0.0  # cannot start
+    assert bench.shipped_prediction((sc, bench.key_of(sc, {"gpu_memory_utilization": 0.3})))[0] == 0.0  # cannot start
 
 
 def test_the_circularity_checks_first_pick_is_the_studys_by_rank(bench):
