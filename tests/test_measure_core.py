@@ -416,9 +416,33 @@ def test_the_noise_is_the_wider_spread_of_winner_and_baseline():
     v = judge([cand("trial 1", [20.0, 20.0], 1), cand("trial 2", [30.0, 21.0, 24.0], 2),
                cand("baseline", [10.0, 11.0])])
     assert (v.winner, v.winner_trial, v.baseline) == ("trial 2", 2, "baseline")
-    assert v.gain_rps == 24.0 - 10.5 and v.noise_rps == 9.0 and v.significant
-    v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [4.0, 10.0, 12.0])], trials_seen=7)
+    assert v.gain_rps == 24.0 - 10.5 and v.noise_rps == 6.0 and v.significant  # 2 x MAD of 30, 21, 24
+    v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [6.0, 10.0, 14.0])], trials_seen=7)
     assert v.noise_rps == 8.0 and v.gain_rps == 5.25 and not v.significant and v.trials_seen == 7
+    assert "within the noise (8.00: the spread of their runs)" in v.sentence(), v.sentence()
+
+
+def test_one_stalled_run_does_not_widen_the_noise():
+    """Three runs of the baseline, one of them stalled to 40 %: the range (8) would hide a 5.25 req/s gain that
+    the other two runs (10, 12) and the winner's (15, 15.5) agree on."""
+    from autotune.study.records import judge
+
+    v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [4.0, 10.0, 12.0])])
+    assert v.candidates[-1]["spread"] == 4.0 and v.noise_rps == 4.0 and v.significant
+    assert v.recommended_trial == 1
+
+
+def test_a_gain_within_the_ladders_step_is_not_significant():
+    """Runs that agree exactly have no spread, but a capacity is known only to the re-measurement's 1.05x step:
+    10.4 over 10.0 may be the same config."""
+    from autotune.study.records import judge
+
+    v = judge([cand("trial 1", [10.4, 10.4, 10.4], 1), cand("baseline", [10.0, 10.0, 10.0])])
+    assert v.noise_rps == pytest.approx(0.5) and not v.significant and v.resolution == 1.05
+    assert "within the noise (0.50: the re-measurement ladder's 1.05x step)" in v.sentence(), v.sentence()
+    v = judge([cand("trial 1", [10.6, 10.6, 10.6], 1), cand("baseline", [10.0, 10.0, 10.0])])
+    assert v.significant and "more than the noise (0.50: the re-measurement ladder's 1.05x step)" in v.sentence()
+    assert not judge([cand("trial 1", [10.6], 1), cand("baseline", [10.0])], resolution=1.10).significant
 
 
 def test_the_verdict_lists_every_candidate():
@@ -440,7 +464,8 @@ def test_the_verdict_lists_every_candidate():
 def test_a_candidate_never_measured_has_no_capacity():
     c = cand("trial 3", [])
     assert c.median == 0.0 and c.spread == 0.0
-    assert cand("t", [3.0, 9.0, 4.0]).median == 4.0 and cand("t", [3.0, 9.0, 4.0]).spread == 6.0
+    c = cand("t", [3.0, 9.0, 4.0])
+    assert c.median == 4.0 and c.spread == 2.0  # twice the median absolute deviation: the 9 stands alone
 
 
 # --- what the SLO grammar tells a user who got it wrong ---
@@ -579,3 +604,48 @@ def sent(i: float, ttft: float | None = None, e2e: float | None = None, error: s
 def test_a_step_is_lost_already_only_when_no_ending_can_pass_it(text, results, total, now, lost):
     why = lost_already(parse_slos([text]), results, total, now)
     assert why == lost if lost is None else why.startswith(lost), why
+
+
+def _record(*steps, number=0):
+    """A completed trial whose ladder took these steps: (rate, worst SLO violation or None for a failed request)."""
+    from optuna.trial import TrialState
+
+    from autotune.study.records import Attr, TrialRecord
+
+    ladder = [{"load": rate, "rate": rate, "passed": v is not None and v <= 0, "failed": int(v is None),
+               "client_kept_up": True, "slos": [{"violation": -0.9}, {"violation": v}]} for rate, v in steps]
+    cap = max((s["rate"] for s in ladder if s["passed"]), default=0.0)
+    return TrialRecord(number, TrialState.COMPLETE, {}, (cap,), {Attr.STEPS: ladder, Attr.CAPACITY_RPS: cap})
+
+
+def test_configs_a_ladder_ties_are_ranked_by_their_margins():
+    """Both held 4 req/s and missed 5: one with half its TTFT budget left at 4 and 50 % over at 5, the other with
+    10 % left and 30 % over. Measured alike by the ladder, they rank apart, each within its bracket."""
+    roomy = _record((2.0, -0.7), (4.0, -0.5), (5.0, 0.5))
+    tight = _record((2.0, -0.7), (4.0, -0.1), (5.0, 0.3))
+    assert roomy.capacity_rps == tight.capacity_rps == 4.0
+    assert roomy.rank_rps == pytest.approx(4.0 * 1.25 ** 0.5) and tight.rank_rps == pytest.approx(4.0 * 1.25 ** 0.25)
+    assert 4.0 < tight.rank_rps < roomy.rank_rps < 5.0
+
+
+def test_a_rank_needs_a_load_that_missed_the_slos_above_the_capacity():
+    assert _record((2.0, -0.7), (4.0, -0.5)).rank_rps == 4.0  # held every load: a floor, nothing to move towards
+    assert _record((4.0, -0.5), (5.0, None)).rank_rps == 4.0  # a request failed at 5: no violation to read
+    assert _record((4.0, -0.5), (8.0, 0.5), (5.0, 0.5)).rank_rps == pytest.approx(4.0 * 1.25 ** 0.5)  # the nearest
+    assert _record((4.0, 0.2)).rank_rps == 0.0  # nothing held
+
+
+def test_the_remeasurement_takes_the_finalists_by_rank():
+    """Four sampled trials held 4 req/s; the two with the most margin are re-measured, not the two that ran first,
+    against the baseline with the most margin; a sampled config an earlier trial ran is not re-measured twice."""
+    from autotune.study.records import Attr, TrialRecord, finalists
+
+    def trial(n, margin, **attrs):
+        r = _record((4.0, margin), (5.0, 0.5), number=n)
+        return TrialRecord(n, r.state, {}, r.values, {**r.attrs, Attr.CONSTRAINTS: [-0.1], **attrs})
+
+    records = [trial(0, -0.05), trial(1, -0.1), trial(2, -0.6), trial(3, -0.4), trial(4, -0.7, same_config_as=2),
+               trial(5, -0.2, baseline="vllm-defaults"), trial(6, -0.3, baseline="production")]
+    sampled, baseline = finalists(records, top=2)
+    assert [r.number for r in sampled] == [2, 3] and baseline.number == 6
+    assert finalists(records[:4], top=2)[1] is None

@@ -193,8 +193,8 @@ def test_no_winner_and_the_remeasured_verdict(tmp_path):
         "noise_rps": 0.3, "significant": True, "trials_seen": 3})
     s = study_note(StudyResult.of(study), SLOS)
     assert s.startswith("### Winner: trial 2 (sampled)")
-    assert ("Re-measured, interleaved: trial 2 beats baseline vllm-defaults by 0.90 req/s, more than the spread "
-            "(0.30): deploy trial 2.") in s
+    assert ("Re-measured, interleaved: trial 2 beats baseline vllm-defaults by 0.90 req/s, more than the noise "
+            "(0.30: the spread of their runs): deploy trial 2.") in s
     assert "| trial 2 | 4.80, 5.10 | 4.95 |" in s and "Not recommended" not in s
 
     raw = study.user_attrs["remeasure"]
@@ -202,7 +202,7 @@ def test_no_winner_and_the_remeasured_verdict(tmp_path):
     s = study_note(StudyResult.of(study), SLOS)
     assert s.startswith("### Winner: trial 1 (vllm-defaults)")  # what best.yaml holds: the verdict, not the leader
     assert ("Re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.90 req/s, within the "
-            "spread (1.20): keep baseline vllm-defaults.") in s
+            "noise (1.20: the spread of their runs): keep baseline vllm-defaults.") in s
     assert "Not recommended: trial 2 (sampled), kept beside the best files as not-recommended.*." in s
 
     study.set_user_attr("remeasure", {**raw, "winner": "baseline vllm-defaults", "winner_trial": 1, "gain_rps": 0.0,

@@ -140,7 +140,8 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
     line = first_line(page)
     assert line == ("Winner: trial 2 (max_num_seqs=64): 3.20 req/s within the SLOs (median of 3 runs), +45 % over "
                     "baseline vllm-defaults (2.21 req/s); re-measured, interleaved: trial 2 beats baseline "
-                    "vllm-defaults by 0.99 req/s, more than the spread (0.20): deploy trial 2.")
+                    "vllm-defaults by 0.99 req/s, more than the noise (0.20: the spread of their runs): deploy "
+                    "trial 2.")
     text = verdict_of(page)
     assert text.lstrip().startswith("Winner: trial 2")
     # the gain over each baseline, the re-measured runs, the config file, the command line, the SLOs
@@ -168,16 +169,16 @@ def test_a_gain_within_the_spread_is_not_significant(tmp_path):
     build(d, typical(), runs=[(2, [2.5, 2.0, 2.9]), (0, [2.2, 2.21, 2.25])])
     page = report(d, tmp_path)
     line = first_line(page)
-    # the headline names what best.yaml holds: the baseline, since the leader's gain is within the spread
+    # the headline names what best.yaml holds: the baseline, since the leader's gain is within the noise
     assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.21 req/s within the SLOs (median of 3 runs); "
                     "re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.29 req/s, within "
-                    "the spread (0.90): keep baseline vllm-defaults.")
+                    "the noise (0.80: the spread of their runs): keep baseline vllm-defaults.")
     config = re.search(r'<pre id="winner-config">(.*?)</pre>', page, re.S).group(1)
     assert "# autotune: best config of trial 0" in config and "max-num-seqs: 64" not in config
 
 
 def test_the_files_a_user_deploys_are_the_verdict(tmp_path):
-    """A leader within the spread is not what best.yaml holds: the baseline is; the leader is kept beside it,
+    """A leader within the noise is not what best.yaml holds: the baseline is; the leader is kept beside it,
     named for what it is, and a later verdict that stands removes it."""
     d = study_toml(tmp_path)
     study = build(d, typical(), runs=[(2, [2.5, 2.0, 2.9]), (0, [2.2, 2.21, 2.25])])
@@ -189,7 +190,8 @@ def test_the_files_a_user_deploys_are_the_verdict(tmp_path):
     assert "--max-num-seqs 128" in (out / "best-command.sh").read_text()
     kept = (out / "not-recommended.yaml").read_text()
     assert "max-num-seqs: 64" in kept and ("# not recommended: re-measured, no gain: trial 2 leads baseline "
-                                           "vllm-defaults by 0.29 req/s, within the spread (0.90)") in kept
+                                           "vllm-defaults by 0.29 req/s, within the noise (0.80: the spread of "
+                                           "their runs)") in kept
     assert json.loads((out / "not-recommended.json").read_text())["trial"] == 2
     assert set(paths) == {"config", "command", "json", "docker", "not-recommended-config", "not-recommended-command",
                           "not-recommended-json", "not-recommended-docker"}

@@ -310,7 +310,7 @@ def cmd_study(a: argparse.Namespace) -> int:
             print(f"best config: command line {paths['command']}, values {paths['json']}")
         if leader is not None:
             print(
-                f"not recommended (it led within the spread): trial {leader.number}, kept as "
+                f"not recommended (it led within the noise): trial {leader.number}, kept as "
                 f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}"
             )
         print(f"the whole story: autotune report {a.file}  (or autotune dashboard {a.file})")

@@ -207,7 +207,7 @@ class Choice:
 def choose(result: StudyResult) -> Choice:
     """Publish only a config whose re-measured capacity beats production's by more than the noise.
 
-    The noise is the larger spread of the two (max - min of their re-measured runs), and never less
+    The noise is the larger spread of the two (`Candidate.spread` of their re-measured runs), and never less
     than MIN_GAIN of production's capacity: one run each has no spread, and a 0.004 req/s "gain" is
     a tie. The study's own verdict compares its winner with the best *baseline*: when they tie, the
     winner is no better than that baseline, and the baseline (a known config, such as vLLM's

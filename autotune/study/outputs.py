@@ -16,7 +16,7 @@ from autotune.study.records import StudyResult, TrialRecord
 
 __all__ = ["NOT_RECOMMENDED", "Row", "comparison", "write_best", "write_verdict"]
 
-# the stem of the files of a searched config that led the re-measurement within the spread: kept, not deployed
+# the stem of the files of a searched config that led the re-measurement within the noise: kept, not deployed
 NOT_RECOMMENDED = "not-recommended"
 
 
@@ -72,7 +72,7 @@ def write_best(
 
     Secrets are redacted in the trial's record; best-command.sh must run, so it gets their real values
     from ``real_env`` (the study's [engine.env]), else reads them from the environment it runs in.
-    ``stem`` names the files (``best``; :data:`NOT_RECOMMENDED` for a leader within the spread, whose
+    ``stem`` names the files (``best``; :data:`NOT_RECOMMENDED` for a leader within the noise, whose
     ``why`` heads each file). Where the engine has an official container, ``best-docker.sh`` runs it on the
     config file (``version``: the engine's version the study measured, the image's tag)."""
     paths: dict[str, Path] = {}
@@ -121,7 +121,7 @@ def write_verdict(
     version: str | None = None,
 ) -> dict[str, Path]:
     """The files of the config the study declares best (:attr:`StudyResult.winner`: the re-measurement's
-    verdict where there is one); a searched config that led within the spread goes beside them under
+    verdict where there is one); a searched config that led within the noise goes beside them under
     :data:`NOT_RECOMMENDED` (keys ``not-recommended-config`` and so on), and an earlier verdict's such files
     are removed. Nothing is written in Pareto mode or when no config met the SLOs."""
     for stale in out_dir.glob(f"{NOT_RECOMMENDED}*"):

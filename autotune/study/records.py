@@ -13,15 +13,19 @@ with no constraints recorded never measured anything and is not feasible.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.args import EngineArgs
+from autotune.measure.slo import between
 from autotune.study.baselines import BaselinePoint
+from autotune.study.scoring import REMEASURE_RESOLUTION
 
 __all__ = [
     "Attr",
@@ -32,6 +36,7 @@ __all__ = [
     "StudyResult",
     "constraints_of",
     "held_every_load",
+    "finalists",
     "judge",
 ]
 
@@ -93,6 +98,14 @@ def held_every_load(steps: list[dict[str, Any]]) -> bool:
     )
 
 
+def _worst_violation(step: dict[str, Any]) -> float:
+    """A stored step's worst SLO violation, relative to its target (inf: a request failed, or no value)."""
+    if step.get("failed"):
+        return math.inf
+    found = [v.get("violation") for v in step.get("slos", [])]
+    return max((math.inf if v is None else float(v) for v in found), default=-math.inf)
+
+
 def constraints_of(trial: FrozenTrial) -> list[float]:
     """The sampler's constraints_func: a trial that never measured is as infeasible as it gets."""
     return list(trial.user_attrs.get(Attr.CONSTRAINTS, [NO_MEASUREMENT]))
@@ -148,6 +161,24 @@ class TrialRecord:
         """The highest-load step that passed."""
         passed = [s for s in self.steps if s["passed"]]
         return max(passed, key=lambda s: s["load"]) if passed else None
+
+    @property
+    def rank_rps(self) -> float:
+        """What orders configs whose ladders stopped at the same load: the capacity moved towards the lowest load
+        above it that missed, as far as the worst SLO's margin at the one and violation at the other say the SLOs
+        would still hold (``slo.between``). A 1.25x ladder ties configs up to 25 % apart; their margins part them.
+        The capacity itself where no such step is known (a ladder that held every load, a request failed above)."""
+        cap = self.capacity_step
+        above = [
+            s
+            for s in self.steps
+            if cap and not s["passed"] and s["load"] > cap["load"] and s.get("client_kept_up", True)
+        ]
+        if cap is None or not above:
+            return self.capacity_rps
+        miss = min(above, key=lambda s: s["load"])
+        share = between(_worst_violation(cap), _worst_violation(miss))
+        return float(cap["rate"] * (miss["rate"] / cap["rate"]) ** share)
 
     @property
     def failure_class(self) -> str | None:
@@ -223,7 +254,12 @@ class Candidate:
 
     @property
     def spread(self) -> float:
-        return max(self.capacities) - min(self.capacities) if self.capacities else 0.0
+        """Twice the median absolute deviation of its runs: the range of two runs or of three evenly spread ones,
+        which one stalled run does not widen (the range did: a VM's stall handed the baseline back, issue 25)."""
+        if not self.capacities:
+            return 0.0
+        m = self.median
+        return 2 * statistics.median(abs(c - m) for c in self.capacities)
 
     @property
     def at_least(self) -> bool:
@@ -244,6 +280,7 @@ class Remeasurement:
     significant: bool
     trials_seen: int = 0  # trials in the study when it was made: a later trial makes it stale
     baseline_at_least: bool = False  # the baseline held every load of a run: no gain over it can be stated
+    resolution: float = 1.0  # the re-measurement ladder's step: the noise is never less than the baseline's step
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -261,13 +298,21 @@ class Remeasurement:
 
     @property
     def recommended_trial(self) -> int:
-        """The config to deploy: the winner when its gain beat the spread, else the baseline it was measured against."""
+        """The config to deploy: the winner when its gain beat the noise, else the baseline it was measured against."""
         return self.winner_trial if self.significant else self.baseline_trial
 
     @property
     def leader_not_recommended(self) -> int | None:
-        """A searched config that led on the median by less than the spread: kept, not recommended."""
+        """A searched config that led on the median by no more than the noise: kept, not recommended."""
         return self.winner_trial if self.winner != self.baseline and not self.significant else None
+
+    @property
+    def noise_words(self) -> str:
+        """The noise and where it comes from: the spread of the runs, or the ladder's step where that is wider."""
+        step = (self.resolution - 1) * self.candidates[-1]["median"]
+        if self.resolution > 1 and self.noise_rps <= step:
+            return f"{self.noise_rps:.2f}: the re-measurement ladder's {self.resolution:g}x step"
+        return f"{self.noise_rps:.2f}: the spread of their runs"
 
     def sentence(self) -> str:
         """The verdict in the words the console, the report, the dashboard note and the daemon all use."""
@@ -282,26 +327,38 @@ class Remeasurement:
         by = "at least " if (self.candidate(self.winner_trial) or {}).get("at_least") else ""
         if self.significant:
             return (
-                f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the spread "
-                f"({self.noise_rps:.2f}): deploy {self.winner}"
+                f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the noise "
+                f"({self.noise_words}): deploy {self.winner}"
             )
         return (
-            f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the spread "
-            f"({self.noise_rps:.2f}): keep {self.baseline}"
+            f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, within the noise "
+            f"({self.noise_words}): keep {self.baseline}"
         )
 
 
-def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
+def finalists(records: Iterable[TrialRecord], top: int) -> tuple[list[TrialRecord], TrialRecord | None]:
+    """What a study re-measures: its ``top`` sampled configs and its best baseline (None: no baseline held the
+    SLOs), by ``rank_rps``: the trials' 1.25x ladder ties configs that the re-measurement's 1.05x steps would part,
+    and the order within a tie decides which are re-measured at all."""
+    done = [r for r in records if r.feasible]
+    sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.rank_rps)
+    baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.rank_rps)
+    return sampled[:top], baselines[0] if baselines else None
+
+
+def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REMEASURE_RESOLUTION) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
-    The winner goes by median, the baseline on a tie; a gain over the baseline no larger than the spread of either
-    (max - min of their runs) is not significant: on a noisy host it could be luck. Nor is a gain over a baseline
-    that held every load it was offered: its capacity is above its median by an unknown amount.
+    The winner goes by median, the baseline on a tie; a gain over the baseline no larger than the noise is not
+    significant: on a noisy host it could be luck. The noise is the wider spread of the two (``Candidate.spread``),
+    and never less than the ladder's step at the baseline's median: capacities one step apart may be the same.
+    Nor is a gain over a baseline that held every load it was offered: its capacity is above its median by an
+    unknown amount.
     """
     base = cands[-1]
     # a tie goes to the baseline: a config as good as the known one is no reason to change anything
     winner = max(cands, key=lambda c: (c.median, c is base))
-    noise = max(winner.spread, base.spread)
+    noise = max(winner.spread, base.spread, (resolution - 1) * base.median)
     gain = winner.median - base.median
     # a gain over a floor is unknown (the baseline may go further); a floor over a capacity is a gain of at least
     floors = winner is not base and base.at_least
@@ -326,6 +383,7 @@ def judge(cands: list[Candidate], trials_seen: int = 0) -> Remeasurement:
         significant=winner is not base and gain > noise and not floors,
         trials_seen=trials_seen,
         baseline_at_least=floors,
+        resolution=resolution,
     )
 
 
@@ -371,14 +429,14 @@ class StudyResult:
     @property
     def winner(self) -> TrialRecord | None:
         """The config the study declares best, the one written to best.yaml: when a fresh re-measurement exists,
-        the config it recommends (its winner if the gain beat the spread, else the baseline), else Optuna's best."""
+        the config it recommends (its winner if the gain beat the noise, else the baseline), else Optuna's best."""
         if self.remeasurement is not None:
             return self.trial(self.remeasurement.recommended_trial)
         return self.best
 
     @property
     def leader(self) -> TrialRecord | None:
-        """The searched config that led the re-measurement by less than the spread (not recommended), if any."""
+        """The searched config that led the re-measurement by no more than the noise (not recommended), if any."""
         n = self.remeasurement.leader_not_recommended if self.remeasurement is not None else None
         return None if n is None else self.trial(n)
 
