@@ -649,3 +649,18 @@ def test_the_remeasurement_takes_the_finalists_by_rank():
     sampled, baseline = finalists(records, top=2)
     assert [r.number for r in sampled] == [2, 3] and baseline.number == 6
     assert finalists(records[:4], top=2)[1] is None
+
+
+def test_the_best_of_configs_the_ladder_tied_is_the_one_with_most_margin():
+    """Before a re-measurement (a study stopped early) best.yaml holds the study's best trial: of two that held
+    4 req/s, the one that held it with room to spare, not the one Optuna met first."""
+    import optuna
+
+    from autotune.study.records import Attr, StudyResult
+
+    study = optuna.create_study(direction="maximize")
+    for margin in (-0.05, -0.5):
+        r = _record((2.0, -0.7), (4.0, margin), (5.0, 0.5))
+        study.add_trial(optuna.trial.create_trial(value=4.0, user_attrs={**r.attrs, Attr.CONSTRAINTS: [-0.1]}))
+    result = StudyResult.of(study)
+    assert result.best_number == 0 and result.best.number == 1 and result.winner.number == 1

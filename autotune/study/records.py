@@ -392,7 +392,7 @@ class StudyResult:
     records: list[TrialRecord]
     pareto: bool
     remeasurement: Remeasurement | None  # only when fresh (no trial ran after it)
-    best_number: int | None  # Optuna's best trial, constraints respected (single objective)
+    best_number: int | None  # Optuna's best trial, constraints respected (single objective; None: no best)
     front_numbers: tuple[int, ...] = ()  # Pareto mode: Optuna's non-dominated trials
 
     @classmethod
@@ -420,11 +420,13 @@ class StudyResult:
 
     @property
     def best(self) -> TrialRecord | None:
-        """Optuna's best if it met the SLOs at some load; None in Pareto mode or when none did."""
+        """The trial with the most capacity within the SLOs, by ``rank_rps``: among the configs Optuna's best ties
+        with on the ladder (Optuna keeps the first), the one with the most margin; None in Pareto mode or when no
+        trial met the SLOs at some load."""
         if self.best_number is None:
             return None
-        t = self.trial(self.best_number)
-        return t if t.feasible and t.values and t.values[0] > 0 else None
+        met = [r for r in self.records if r.feasible and r.values and r.values[0] > 0]
+        return max(met, key=lambda r: r.rank_rps, default=None)
 
     @property
     def winner(self) -> TrialRecord | None:
