@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.sim.config import SimConfig  # noqa: E402
-from autotune.sim.perf import FrontEnd  # noqa: E402
+from autotune.sim.perf import FrontEnd, weight_only  # noqa: E402
 from autotune.sim.predict import PredictOptions, predict  # noqa: E402
 from autotune.sim.profiles import GPUS, GpuProfile, model_shape  # noqa: E402
 from autotune.sim.startup import GiB, plan_startup  # noqa: E402
@@ -451,6 +451,7 @@ HOST_BOUNDS = {"host_step_s": (0.0, 5e-3), "host_seq_s": (0.0, 50e-6)}
 ALLREDUCE_BOUNDS = {"allreduce_latency_s": (0.0, 60e-6)}
 SUSTAINED_BOUNDS = {"sustained_compute": (0.2, 1.0)}
 MOE_BOUNDS = {"grouped_gemm_share": (0.1, 1.0)}
+WEIGHT_ONLY_BOUNDS = {"weight_only_share": (0.2, 1.0)}
 
 
 def fit_profile(points: list[dict[str, Any]], gpu: str, bounds: dict[str, tuple[float, float]],
@@ -521,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-moe", metavar="GPU", action="append", default=[],
                     help="fit the share of GPU's GEMM rate a MoE layer's grouped GEMMs reach, on the fit part's "
                          "mixture-of-experts points on it, and print it")
+    ap.add_argument("--fit-weight-only", metavar="GPU", action="append", default=[],
+                    help="fit the share of GPU's GEMM rate its linear layers reach with quantized weights computed in "
+                         "bf16 (weight-only kernels), on the fit part's points of such models on it, and print it")
     ap.add_argument("--fit-front-end", action="store_true",
                     help="fit the API server's constants on the fit part's V1 serving points (short runs only) and print them")
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
@@ -567,6 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         if gpu not in GPUS:
             ap.error(f"--fit-moe {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
         fits.append((gpu, [p for p in fit_part if not _unsupported(p) and model_shape(p["model"]).experts], MOE_BOUNDS))
+    for gpu in a.fit_weight_only:
+        if gpu not in GPUS:
+            ap.error(f"--fit-weight-only {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
+        fits.append((gpu, [p for p in fit_part if not _unsupported(p) and weight_only(
+            model_shape(p["model"]).served((p.get("engine_args") or {}).get("quantization")), GPUS[gpu])],
+                     WEIGHT_ONLY_BOUNDS))
     for gpu, part, bounds in fits:
         c, v = fit_profile(part, gpu, bounds, gpus=gpus)
         print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)

