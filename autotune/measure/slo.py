@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from autotune.errors import SLOSyntaxError
 
-__all__ = ["SLO", "parse_slo", "parse_slos", "between", "LATENCY_METRICS", "RATE_METRICS", "DEFAULT_PERCENTILE"]
+__all__ = ["SLO", "parse_slo", "parse_slos", "LATENCY_METRICS", "RATE_METRICS", "DEFAULT_PERCENTILE"]
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 RATE_METRICS = ("throughput", "rps", "goodput")
@@ -197,16 +197,3 @@ class Verdict:
             "holds": self.holds,
             "violation": None if math.isinf(self.violation) else self.violation,
         }
-
-
-def between(holding: float | None, missing: float | None) -> float:
-    """Where the worst SLO's relative violation crosses 0 between a load that holds (``holding`` <= 0) and the next
-    one, which misses (``missing`` > 0), as a share of the step: what orders configs that hold the same load, as
-    predicted (``sim.rank``) or measured (``TrialRecord.rank_rps``). Linear: where latency climbs steeply into the
-    next load it says too little (against a grid 4x finer, tests/test_sim_rank.py), but it orders configs. 0 where
-    either is unknown or a request failed at the next load (nothing to interpolate)."""
-    if holding is None or missing is None or not (math.isfinite(holding) and math.isfinite(missing)):
-        return 0.0
-    if holding > 0 or missing <= 0:  # not a load that held and one that missed the SLOs
-        return 0.0
-    return min(-holding / (missing - holding), 1.0)

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.engine.model import ModelShape
 from autotune.measure.metrics import summarize
-from autotune.measure.slo import SLO, between
+from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd
 from autotune.sim.profiles import GpuProfile
@@ -29,7 +29,7 @@ from autotune.sim.startup import plan_startup
 from autotune.sim.virtual import SimEngine, simulate
 from autotune.workload.trace import Workload
 
-__all__ = ["Predicted", "SpaceSimulator"]
+__all__ = ["Predicted", "SpaceSimulator", "between"]
 
 GRID = 8  # loads are 2 ** (k / GRID): 9 % apart, finer than the ladder's 1.25, and few enough to cache
 LOWEST = -4 * GRID  # load 1/16: below it a config "holds nothing" (capacity 0)
@@ -116,6 +116,18 @@ class SpaceSimulator:
             kv_cache_tokens=plan.kv_tokens,
             between=between(worst.get(k), worst.get(k + 1)),
         )
+
+
+def between(holding: float | None, missing: float | None) -> float:
+    """Where the worst SLO's relative violation crosses 0 between a load that holds (``holding`` <= 0) and the next
+    one, which misses (``missing`` > 0), as a share of the step. Linear: where latency climbs steeply into the next
+    load it says too little (against a grid 4x finer, tests/test_sim_rank.py), but it orders configs. 0 where
+    either is unknown or a request failed at the next load (nothing to interpolate)."""
+    if holding is None or missing is None or not (math.isfinite(holding) and math.isfinite(missing)):
+        return 0.0
+    if missing <= holding:
+        return 0.0
+    return min(max(-holding / (missing - holding), 0.0), 1.0)
 
 
 def highest_holding(holds: Callable[[int], bool], lo: int, hi: int, stride: int = GRID) -> int | None:

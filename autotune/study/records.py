@@ -13,9 +13,7 @@ with no constraints recorded never measured anything and is not feasible.
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,7 +21,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.args import EngineArgs
-from autotune.measure.slo import between
 from autotune.study.baselines import BaselinePoint
 from autotune.study.scoring import REMEASURE_RESOLUTION
 
@@ -36,7 +33,6 @@ __all__ = [
     "StudyResult",
     "constraints_of",
     "held_every_load",
-    "finalists",
     "judge",
 ]
 
@@ -98,14 +94,6 @@ def held_every_load(steps: list[dict[str, Any]]) -> bool:
     )
 
 
-def _worst_violation(step: dict[str, Any]) -> float:
-    """A stored step's worst SLO violation, relative to its target (inf: a request failed, or no value)."""
-    if step.get("failed"):
-        return math.inf
-    found = [v.get("violation") for v in step.get("slos", [])]
-    return max((math.inf if v is None else float(v) for v in found), default=-math.inf)
-
-
 def constraints_of(trial: FrozenTrial) -> list[float]:
     """The sampler's constraints_func: a trial that never measured is as infeasible as it gets."""
     return list(trial.user_attrs.get(Attr.CONSTRAINTS, [NO_MEASUREMENT]))
@@ -161,24 +149,6 @@ class TrialRecord:
         """The highest-load step that passed."""
         passed = [s for s in self.steps if s["passed"]]
         return max(passed, key=lambda s: s["load"]) if passed else None
-
-    @property
-    def rank_rps(self) -> float:
-        """What orders configs whose ladders stopped at the same load: the capacity moved towards the lowest load
-        above it that missed, as far as the worst SLO's margin at the one and violation at the other say the SLOs
-        would still hold (``slo.between``). A 1.25x ladder ties configs up to 25 % apart; their margins part them.
-        The capacity itself where no such step is known (a ladder that held every load, a request failed above)."""
-        cap = self.capacity_step
-        above = [
-            s
-            for s in self.steps
-            if cap and not s["passed"] and s["load"] > cap["load"] and s.get("client_kept_up", True)
-        ]
-        if cap is None or not above:
-            return self.capacity_rps
-        miss = min(above, key=lambda s: s["load"])
-        share = between(_worst_violation(cap), _worst_violation(miss))
-        return float(cap["rate"] * (miss["rate"] / cap["rate"]) ** share)
 
     @property
     def failure_class(self) -> str | None:
@@ -336,16 +306,6 @@ class Remeasurement:
         )
 
 
-def finalists(records: Iterable[TrialRecord], top: int) -> tuple[list[TrialRecord], TrialRecord | None]:
-    """What a study re-measures: its ``top`` sampled configs and its best baseline (None: no baseline held the
-    SLOs), by ``rank_rps``: the trials' 1.25x ladder ties configs that the re-measurement's 1.05x steps would part,
-    and the order within a tie decides which are re-measured at all."""
-    done = [r for r in records if r.feasible]
-    sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.rank_rps)
-    baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.rank_rps)
-    return sampled[:top], baselines[0] if baselines else None
-
-
 def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REMEASURE_RESOLUTION) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
@@ -392,7 +352,7 @@ class StudyResult:
     records: list[TrialRecord]
     pareto: bool
     remeasurement: Remeasurement | None  # only when fresh (no trial ran after it)
-    best_number: int | None  # Optuna's best trial, constraints respected (single objective; None: no best)
+    best_number: int | None  # Optuna's best trial, constraints respected (single objective)
     front_numbers: tuple[int, ...] = ()  # Pareto mode: Optuna's non-dominated trials
 
     @classmethod
@@ -420,13 +380,11 @@ class StudyResult:
 
     @property
     def best(self) -> TrialRecord | None:
-        """The trial with the most capacity within the SLOs, by ``rank_rps``: among the configs Optuna's best ties
-        with on the ladder (Optuna keeps the first), the one with the most margin; None in Pareto mode or when no
-        trial met the SLOs at some load."""
+        """Optuna's best if it met the SLOs at some load; None in Pareto mode or when none did."""
         if self.best_number is None:
             return None
-        met = [r for r in self.records if r.feasible and r.values and r.values[0] > 0]
-        return max(met, key=lambda r: r.rank_rps, default=None)
+        t = self.trial(self.best_number)
+        return t if t.feasible and t.values and t.values[0] > 0 else None
 
     @property
     def winner(self) -> TrialRecord | None:

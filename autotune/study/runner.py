@@ -53,16 +53,7 @@ from autotune.study.advisor import Advisor, AdvisorTarget, advisor_for
 from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.notes import save_notes
-from autotune.study.records import (
-    NO_MEASUREMENT,
-    Attr,
-    Candidate,
-    Remeasurement,
-    TrialRecord,
-    baseline_attrs,
-    finalists,
-    judge,
-)
+from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, baseline_attrs, judge
 from autotune.study.scoring import REMEASURE_RESOLUTION
 from autotune.study.space import Space, default_space
 from autotune.study.storage import TPE_STARTUP_TRIALS, shared_storage
@@ -528,15 +519,17 @@ class StudyRun:
 
     def remeasure(self, study: optuna.Study) -> Remeasurement | None:
         """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
-        sampled, baseline = finalists(map(TrialRecord.of, study.get_trials(deepcopy=False)), self.d.remeasure_top)
-        if baseline is None:  # a gain is read against a baseline
+        done = [r for r in map(TrialRecord.of, study.get_trials(deepcopy=False)) if r.feasible]
+        sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.values[0])
+        baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.values[0])
+        if not baselines:  # a gain is read against a baseline
             self.notice(
                 "not re-measured: no baseline held the SLOs, so there is no gain to read; "
                 "the best config stands on its trial's one measurement"
             )
             return None
-        picks = [(f"trial {r.number}", r) for r in sampled]
-        picks.append((f"baseline {baseline.baseline}", baseline))
+        picks = [(f"trial {r.number}", r) for r in sampled[: self.d.remeasure_top]]
+        picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
         base_rate = self.steps.base.rate
         cands = [
             Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env), trial_load=r.values[0] / base_rate)
