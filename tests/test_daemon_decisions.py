@@ -192,6 +192,21 @@ def test_a_tie_publishes_no_sampled_config():
     assert "within the noise" in c.why and "0.00 > 0.00" not in c.why
 
 
+def test_a_gain_within_the_remeasurement_step_is_no_gain_over_production():
+    """vllm-defaults re-measured 3 % above production, three runs each that agree: more than the 2 % floor, but
+    the re-measurement steps in 1.05x, so the two may be the same config. A verdict an older autotune made
+    (no step stored) keeps the 2 % floor."""
+    records = [_record(0, "production", 10.0, 2), _record(1, "vllm-defaults", 10.3, 64), _record(2, None, 9.0, 12)]
+    cands = [_cand("trial 2", 2, [9.0, 9.0, 9.0]), _cand("baseline production", 0, [10.0, 10.0, 10.0]),
+             _cand("baseline vllm-defaults", 1, [10.3, 10.3, 10.3])]
+    verdict = replace(_verdict(cands, "baseline vllm-defaults", "baseline vllm-defaults", 0.0, 0.0), resolution=1.05)
+    c = tuning.choose(StudyResult(records, False, verdict, 1))
+    assert c.trial is None, c
+    assert "0.50: the re-measurement ladder's 1.05x step at production's capacity" in c.why, c.why
+    c = tuning.choose(StudyResult(records, False, replace(verdict, resolution=1.0), 1))
+    assert c.trial == 1 and "more than the noise (0.20: 2 % of production's capacity" in c.why, c
+
+
 def test_a_baseline_that_runs_production_s_own_config_is_no_gain_over_it():
     """Production's baseline measured nothing (interrupted), and vllm-defaults is the same config: no publish."""
     records = [_record(0, "production", 0.0, 2), _record(1, "vllm-defaults", 11.09, 2), _record(2, None, 6.0, 12)]

@@ -208,8 +208,8 @@ def choose(result: StudyResult) -> Choice:
     """Publish only a config whose re-measured capacity beats production's by more than the noise.
 
     The noise is the larger spread of the two (`Candidate.spread` of their re-measured runs), and never less
-    than MIN_GAIN of production's capacity: one run each has no spread, and a 0.004 req/s "gain" is
-    a tie. The study's own verdict compares its winner with the best *baseline*: when they tie, the
+    than MIN_GAIN of production's capacity, nor than the re-measurement's step (1.05x) at it: one run each
+    has no spread, and a 0.004 req/s "gain" is a tie. The study's own verdict compares its winner with the best *baseline*: when they tie, the
     winner is no better than that baseline, and the baseline (a known config, such as vLLM's
     defaults) is the one to weigh against production. Production's capacity is its re-measured
     median if it was re-measured, else its one measurement. Without a production baseline (nothing
@@ -262,15 +262,22 @@ def choose(result: StudyResult) -> Choice:
             "[objective] max_steps in the staging study finds it)",
         )
     noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
-    floor = max(noise, MIN_GAIN * prod_cap)
+    # two capacities one re-measurement step apart may be the same config, as the study's verdict holds too
+    share = max(MIN_GAIN, verdict.resolution - 1)
+    floor = max(noise, share * prod_cap)
     gain = pick["median"] - prod_cap
     at_least = "at least " if pick.get("at_least") else ""
     numbers = f"{pick['label']} {at_least}{pick['median']:.2f} req/s vs production {prod_cap:.2f}"
-    # the noise in words: which of the spread and the 2 % floor it is, and the spread itself either way
+    # the noise in words: which of the spread and the floor it is, and the spread itself either way
+    why_floor = (
+        "2 % of production's capacity"
+        if share == MIN_GAIN
+        else f"the re-measurement ladder's {verdict.resolution:g}x step at production's capacity"
+    )
     said = (
         f"{floor:.2f}: the spread of their re-measured runs"
-        if noise >= MIN_GAIN * prod_cap
-        else f"{floor:.2f}: 2 % of production's capacity, more than their spread {noise:.2f}"
+        if noise >= share * prod_cap
+        else f"{floor:.2f}: {why_floor}, more than their spread {noise:.2f}"
     )
     if gain > floor:
         return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
