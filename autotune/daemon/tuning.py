@@ -211,8 +211,7 @@ def choose(result: StudyResult) -> Choice:
     than MIN_GAIN of production's capacity, nor than the re-measurement's step (1.05x) at it: one run each
     has no spread, and a 0.004 req/s "gain" is a tie. The study's own verdict compares its winner with the
     best *baseline*: when they tie, the winner is no better than that baseline, and the baseline (a known
-    config, such as vLLM's
-    defaults) is the one to weigh against production. Production's capacity is its re-measured
+    config, such as vLLM's defaults) is the one to weigh against production. Production's capacity is its re-measured
     median if it was re-measured, else its one measurement. Without a production baseline (nothing
     known about production's config), the study's verdict decides; with one that measured nothing
     (interrupted, failed), production's capacity is unknown, not 0: nothing is published.
