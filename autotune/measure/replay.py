@@ -137,8 +137,8 @@ async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         pending = rest + pending[end:]
         for line in lines:
             yield line
-    if pending.rstrip("\r"):
-        yield pending.rstrip("\r")
+    if last := pending.rstrip("\r"):
+        yield last
 
 
 async def _stream_one(
