@@ -355,7 +355,9 @@ def error_line(rows: list[Row], title: str) -> str:
 
 
 def regime_errors(rows: list[Row]) -> dict[str, dict[str, Any]]:
-    """Per regime, the held-out points' median absolute error over their REGIME_METRICS cells, and the worst cell."""
+    """Per regime, the held-out points' median absolute error over their REGIME_METRICS cells, and the worst cell;
+    and the same median over the dense models' points and over the mixtures of experts' (``dense``, ``moe``:
+    [points, median], or None where the regime has none)."""
     out: dict[str, dict[str, Any]] = {}
     for regime in REGIMES:
         sel = [r for r in rows if r.regime == regime and r.split == "held-out" and r.modelled]
@@ -364,16 +366,26 @@ def regime_errors(rows: list[Row]) -> dict[str, dict[str, Any]]:
             worst = max(cells)
             out[regime] = {"points": len(sel), "cells": len(cells),
                            "mdape": statistics.median(e for e, _, _ in cells), "worst": worst}
+            for name, moe in (("dense", False), ("moe", True)):
+                part = [e for r in sel if r.moe == moe for k in REGIME_METRICS if (e := r.ape(k)) is not None]
+                n = sum(1 for r in sel if r.moe == moe)
+                out[regime][name] = [n, statistics.median(part)] if part else None
     return out
 
 
 def regime_table(rows: list[Row]) -> str:
     lines = ["## held-out error per regime (median absolute error over each point's "
              f"{', '.join(REGIME_METRICS)} cells; target: no regime above 25 %)",
-             "| regime | points | cells | median error | worst cell |", "|---|---|---|---|---|"]
+             "| regime | points | cells | median error | dense models (points) | mixtures of experts (points) "
+             "| worst cell |", "|---|---|---|---|---|---|---|"]
+
+    def part(p: list[float] | None) -> str:
+        return "-" if p is None else f"{p[1]:.0%} ({p[0]})"
+
     for regime, e in regime_errors(rows).items():
         w = e["worst"]
-        lines.append(f"| {regime} | {e['points']} | {e['cells']} | {e['mdape']:.0%} | {w[0]:.0%} ({w[1]}, {w[2]}) |")
+        lines.append(f"| {regime} | {e['points']} | {e['cells']} | {e['mdape']:.0%} | {part(e['dense'])} "
+                     f"| {part(e['moe'])} | {w[0]:.0%} ({w[1]}, {w[2]}) |")
     return "\n".join(lines)
 
 

@@ -66,7 +66,9 @@ def test_a_public_group_is_scored_on_its_knob_effect_and_its_points_on_their_reg
     assert g["predicted_ratio"] == pytest.approx(max(v["predicted"] for v in thr.values())
                                                  / min(v["predicted"] for v in thr.values()))
     assert -1 <= g["spearman"] <= 1 and 0 < g["first_pick_share"] <= 1
-    assert d["regimes"]["tp-scaling"]["points"] == 3  # tp2, tp4, tp8: held out
+    tp = d["regimes"]["tp-scaling"]
+    assert tp["points"] == 3  # tp2, tp4, tp8: held out
+    assert tp["dense"] == [3, pytest.approx(tp["mdape"])] and tp["moe"] is None  # a dense model's points only
     assert "| lambda-llama3-8b-h100-sharegpt320-tp | h100-80gb |" in r.stdout
     assert "| tp-scaling | 3 |" in r.stdout
 
