@@ -27,7 +27,7 @@ from autotune.daemon.fingerprint import Fingerprint, workload_from
 from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition, derive_study, load_study
-from autotune.study.records import Attr, StudyResult, TrialRecord
+from autotune.study.records import Attr, StudyResult, TrialRecord, step_share
 from autotune.study.runner import build_space
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
@@ -263,7 +263,7 @@ def choose(result: StudyResult) -> Choice:
         )
     noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
     # two capacities one re-measurement step apart may be the same config, as the study's verdict holds too
-    share = max(MIN_GAIN, verdict.resolution - 1)
+    share = max(MIN_GAIN, step_share(verdict.resolution))
     floor = max(noise, share * prod_cap)
     gain = pick["median"] - prod_cap
     at_least = "at least " if pick.get("at_least") else ""

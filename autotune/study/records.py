@@ -34,6 +34,7 @@ __all__ = [
     "constraints_of",
     "held_every_load",
     "judge",
+    "step_share",
 ]
 
 NO_MEASUREMENT = 1000.0  # the constraint value of a trial that never got to measure (1000x over target)
@@ -279,8 +280,8 @@ class Remeasurement:
     @property
     def noise_words(self) -> str:
         """The noise and where it comes from: the spread of the runs, or the ladder's step where that is wider."""
-        step = (self.resolution - 1) * self.candidates[-1]["median"]
-        if self.resolution > 1 and self.noise_rps <= step:
+        step = step_share(self.resolution) * self.candidates[-1]["median"]
+        if step > 0 and self.noise_rps <= step:
             return f"{self.noise_rps:.2f}: the re-measurement ladder's {self.resolution:g}x step"
         return f"{self.noise_rps:.2f}: the spread of their runs"
 
@@ -306,6 +307,12 @@ class Remeasurement:
         )
 
 
+def step_share(resolution: float) -> float:
+    """The share of a capacity one re-measurement step spans (``resolution`` 1.05: 5 %): capacities closer than this
+    may be one config (0 for a verdict stored before its step was)."""
+    return resolution - 1
+
+
 def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REMEASURE_RESOLUTION) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
@@ -318,7 +325,7 @@ def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REME
     base = cands[-1]
     # a tie goes to the baseline: a config as good as the known one is no reason to change anything
     winner = max(cands, key=lambda c: (c.median, c is base))
-    noise = max(winner.spread, base.spread, (resolution - 1) * base.median)
+    noise = max(winner.spread, base.spread, step_share(resolution) * base.median)
     gain = winner.median - base.median
     # a gain over a floor is unknown (the baseline may go further); a floor over a capacity is a gain of at least
     floors = winner is not base and base.at_least
