@@ -280,8 +280,8 @@ class Remeasurement:
     @property
     def noise_words(self) -> str:
         """The noise and where it comes from: the spread of the runs, or the ladder's step where that is wider."""
-        step = step_share(self.resolution) * self.candidates[-1]["median"]
-        if step > 0 and self.noise_rps <= step:
+        share = step_share(self.resolution)
+        if share > 0 and self.noise_rps <= share * self.candidates[-1]["median"]:
             return f"{self.noise_rps:.2f}: the re-measurement ladder's {self.resolution:g}x step"
         return f"{self.noise_rps:.2f}: the spread of their runs"
 
