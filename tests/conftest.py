@@ -28,6 +28,15 @@ def tiny_model(tmp_path_factory) -> Path:
     return path
 
 
+def own_core(which: int) -> str:
+    """A core of this host for one of the two real studies that run side by side (the ``paired`` marker), as
+    VLLM_CPU_OMP_THREADS_BIND takes it: 0 the first allowed core, -1 the last. vLLM's CPU worker binds itself to the
+    first allowed cores by default, so side by side both engines would compute on one core, each at half speed,
+    while the other core served only API servers and replay clients."""
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[which % len(cores)])
+
+
 def example_study(name: str, tiny_model: Path, dest: Path) -> Path:
     """studies/NAME.toml copied to ``dest``, naming the run's tiny model where it names ./models/tiny-llama
     (the path the quickstart builds it at, relative to the working directory)."""

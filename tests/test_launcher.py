@@ -53,6 +53,23 @@ def test_ready_then_stop_leaves_nothing(tmp_path):
     assert "Starting vLLM server" in (tmp_path / "logs" / "engine.stdout.log").read_text()
 
 
+def test_nice_lowers_the_engine_and_its_sessions_autogroup(tmp_path):
+    # the engine leads a session of its own: under autogroup scheduling only the group's nice weighs it against
+    # the replay client's session (a process nice alone left both an equal share of a core)
+    e = Engine(spec(tmp_path, HEALTHY, nice=7))
+    e.start()
+    try:
+        assert psutil.Process(e.pid).nice() == 7
+        autogroup = f"/proc/{e.pid}/autogroup"
+        if os.path.exists("/proc/self/autogroup"):
+            with open(autogroup) as f:
+                assert f.read().split()[-2:] == ["nice", "7"]
+            with open("/proc/self/autogroup") as f:
+                assert f.read().split()[-1] == "0"  # ours is untouched
+    finally:
+        e.stop()
+
+
 def test_failure_line_is_reported_before_the_process_exits(tmp_path):
     code = textwrap.dedent("""
         import sys, time

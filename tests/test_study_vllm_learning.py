@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from autotune.sim import calibrate as cal
 from autotune.study.records import Attr, TrialRecord
 from autotune.study.advisor import prediction_bias
-from tests.conftest import free_port
+from tests.conftest import free_port, own_core
 
 pytestmark = [pytest.mark.engine, pytest.mark.paired, pytest.mark.timeout(1800)]
 
@@ -51,6 +51,7 @@ stream_interval = 4
 
 [engine.env]
 VLLM_CACHE_ROOT = "{cache}"
+VLLM_CPU_OMP_THREADS_BIND = "{core}"   # its own core beside the other real study (tests/conftest.py own_core)
 VLLM_CPU_KVCACHE_SPACE = "1"
 
 [space]
@@ -87,7 +88,7 @@ def test_a_cpu_study_simulates_first_races_and_learns_from_each_trial(tmp_path, 
                              "self-calibration"), state)
     path = tmp_path / "learning.toml"
     path.write_text(STUDY.format(runs=tmp_path, vllm=" ".join(vllm_command), model=tiny_model, port=free_port(),
-                                 cache=engine_env["VLLM_CACHE_ROOT"]))
+                                 cache=engine_env["VLLM_CACHE_ROOT"], core=own_core(-1)))
     r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--no-remeasure"], capture_output=True,
                        text=True, timeout=1800, env={**os.environ, "AUTOTUNE_STATE_DIR": str(state)})
     print(r.stderr[-6000:])

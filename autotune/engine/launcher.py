@@ -77,6 +77,20 @@ _ALLOWED = {
 }
 
 
+def lower_priority(pid: int, nice: int) -> None:
+    """Set ``nice`` on the process ``pid`` and on its session's autogroup.
+
+    The engine leads a session of its own (start_new_session), and where the kernel schedules by autogroup (Linux
+    with sched_autogroup_enabled, the default of Debian's and Ubuntu's kernels outside a cgroup with its own CPU
+    weight) a session is a group weighed against the others by the group's nice alone: a process nice without it
+    leaves the engine an equal share beside the replay client's session."""
+    psutil.Process(pid).nice(nice)
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass  # a kernel without autogroup scheduling (or not Linux): the process nice is all that counts there
+
+
 @dataclass
 class LaunchSpec:
     argv: list[str]  # the whole command line, host and port included
@@ -286,7 +300,7 @@ class Engine:
         _RUNNING.add(self)
         if self.spec.nice:
             # set before vLLM spawns its engine core and workers (seconds later), which inherit it
-            psutil.Process(self._proc.pid).nice(self.spec.nice)
+            lower_priority(self._proc.pid, self.spec.nice)
         me = psutil.Process()
         write_record(
             self._state_dir,
