@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from autotune.measure.slo import parse_slos
 from autotune.publish.canary import replay_canary
 from autotune.publish.history import History
 from autotune.publish.target import create_target
-from autotune.publish.transaction import publish, recover
+from autotune.publish.transaction import publish
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.synth import SCENARIOS, synthesize
 from tests.bluegreen_rig import Nginx, color_serving, make_target, rig_description

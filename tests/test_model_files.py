@@ -11,7 +11,6 @@ import sys
 
 import optuna
 import pytest
-from optuna.trial import TrialState
 from huggingface_hub import constants, hf_hub_download
 
 from autotune.cli import main
