@@ -772,6 +772,17 @@ def test_moe_parameters_and_weight_bytes_by_hand():
     assert s.kv_bytes_per_token() == 2 * 12 * 8 * 64 * 2
 
 
+def test_mixtral_by_its_hugging_face_id_is_the_published_size():
+    # Mistral AI's announcement of Mixtral 8x7B: 46.7B parameters in all, 12.9B used per token; bf16 weights,
+    # every layer a mixture of 8 experts of the MLP's width, 2 a token, and no sliding window in v0.1
+    s = model_shape("mistralai/Mixtral-8x7B-Instruct-v0.1")
+    assert (s.experts, s.experts_per_token, s.expert_intermediate, s.moe_layers) == (8, 2, 14336, 32)
+    assert s.params == pytest.approx(46.7e9, rel=0.01)
+    # Mistral's figure counts the embedding table and the LM head, which active_params leaves to the step model
+    assert s.active_params + 2 * 4096 * 32000 == pytest.approx(12.9e9, rel=0.01)
+    assert s.weights_bytes == pytest.approx(2 * s.params, rel=1e-6) and not s.not_modelled
+
+
 def test_moe_step_time_by_hand():
     """A decode step of one sequence reads the dense weights and the 4 experts it is routed to in each layer; a
     large prefill reads every expert once and computes only the routed ones."""

@@ -85,10 +85,9 @@ def lower_priority(pid: int, nice: int) -> None:
     weight) a session is a group weighed against the others by the group's nice alone: a process nice without it
     leaves the engine an equal share beside the replay client's session."""
     psutil.Process(pid).nice(nice)
-    try:
+    # no /proc/PID/autogroup: a kernel without autogroup scheduling (or not Linux), where the process nice is all
+    with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass  # a kernel without autogroup scheduling (or not Linux): the process nice is all that counts there
 
 
 @dataclass

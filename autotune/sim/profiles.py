@@ -411,6 +411,22 @@ MODELS["glm-4.6-fp8"] = {
     "tie_word_embeddings": False,
     "quantization_config": {"quant_method": "fp8"},
 }
+# mistralai/Mixtral-8x7B-Instruct-v0.1 config.json: every layer MoE, 8 experts of the MLP's width, 2 a token; vLLM's
+# performance CI runs it at TP 2 (bench/sim_calibration.toml, the buildkite points)
+MODELS["mixtral-8x7b"] = {
+    "architectures": ["MixtralForCausalLM"],
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 # fp8 and AWQ checkpoints of dense models above (their config.json adds quantization_config): the public measurements'
 MODELS["qwen3-32b-fp8"] = {**MODELS["qwen3-32b"], "quantization_config": {"quant_method": "fp8"}}
 MODELS["llama-3.1-70b-fp8"] = {**MODELS["llama-3.1-70b"], "quantization_config": {"quant_method": "fp8"}}
@@ -426,6 +442,8 @@ ALIASES = {
     "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b-fp8",
     "openai/gpt-oss-20b": "gpt-oss-20b",
     "openai/gpt-oss-120b": "gpt-oss-120b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
