@@ -1,7 +1,6 @@
 """vllm-sim against public vLLM measurements: every point of bench/sim_calibration.toml, in virtual time.
 
-    python scripts/bench_sim_fidelity.py [--split fit|held-out|all] [--points ID,...] [--json OUT]
-                                         [--fit] [--sigma-sharegpt S]
+    python scripts/bench_sim_fidelity.py [--split fit|held-out|all] [--points ID,...] [--json OUT] [--fit]
 
 Each point's setup (GPU, model, TP, the engine flags the source states, the vLLM era's
 defaults, input/output lengths, number of prompts, request rate or max concurrency) becomes
