@@ -357,18 +357,22 @@ def regime_errors(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """Per regime, the held-out points' median absolute error over their REGIME_METRICS cells, and the worst cell;
     and the same median over the dense models' points and over the mixtures of experts' (``dense``, ``moe``:
     [points, median], or None where the regime has none)."""
+
+    def cells_of(points: list[Row]) -> list[tuple[float, str, str]]:
+        return [(e, r.id, k) for r in points for k in REGIME_METRICS if (e := r.ape(k)) is not None]
+
     out: dict[str, dict[str, Any]] = {}
     for regime in REGIMES:
         sel = [r for r in rows if r.regime == regime and r.split == "held-out" and r.modelled]
-        cells = [(e, r.id, k) for r in sel for k in REGIME_METRICS if (e := r.ape(k)) is not None]
+        cells = cells_of(sel)
         if cells:
             worst = max(cells)
             out[regime] = {"points": len(sel), "cells": len(cells),
                            "mdape": statistics.median(e for e, _, _ in cells), "worst": worst}
             for name, moe in (("dense", False), ("moe", True)):
-                part = [e for r in sel if r.moe == moe for k in REGIME_METRICS if (e := r.ape(k)) is not None]
-                n = sum(1 for r in sel if r.moe == moe)
-                out[regime][name] = [n, statistics.median(part)] if part else None
+                part = [r for r in sel if r.moe == moe]
+                part_cells = cells_of(part)
+                out[regime][name] = [len(part), statistics.median(e for e, _, _ in part_cells)] if part_cells else None
     return out
 
 
