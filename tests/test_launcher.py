@@ -56,18 +56,25 @@ def test_ready_then_stop_leaves_nothing(tmp_path):
 def test_nice_lowers_the_engine_and_its_sessions_autogroup(tmp_path):
     # the engine leads a session of its own: under autogroup scheduling only the group's nice weighs it against
     # the replay client's session (a process nice alone left both an equal share of a core)
+    ours = read_autogroup("self")
     e = Engine(spec(tmp_path, HEALTHY, nice=7))
     e.start()
     try:
         assert psutil.Process(e.pid).nice() == 7
-        autogroup = f"/proc/{e.pid}/autogroup"
-        if os.path.exists("/proc/self/autogroup"):
-            with open(autogroup) as f:
-                assert f.read().split()[-2:] == ["nice", "7"]
-            with open("/proc/self/autogroup") as f:
-                assert f.read().split()[-1] == "0"  # ours is untouched
+        if ours is not None:
+            assert read_autogroup(e.pid).split()[-2:] == ["nice", "7"]
+            # ours is untouched; it reads empty where this process is in the root group (a CI runner's service)
+            assert read_autogroup("self") == ours
     finally:
         e.stop()
+
+
+def read_autogroup(pid) -> str | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def test_failure_line_is_reported_before_the_process_exits(tmp_path):
