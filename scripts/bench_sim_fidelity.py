@@ -12,11 +12,13 @@ batch's latency), and the KV cache size for start-up points. Ratios are predicte
 Each part (fit, held-out, as the ``split`` field of the set says, bench/sim_calibration.md)
 ends with the median absolute percentage error per metric.
 
-What each point's workload is (the sources do not publish per-request lengths):
+What each point's workload is:
 
 - random data: every prompt the nominal input length; outputs the realised total spread
   evenly (the gpustack runs did not pass --ignore-eos, so the totals, not the nominal lengths);
-- ShareGPT: per-request lengths drawn from a log-normal (seeded, sigma 1.0), clamped as
+- where the source saved each request's lengths (Lambda's result JSONs, copied to bench/public_lengths.json):
+  those, in the source's order;
+- ShareGPT otherwise: per-request lengths drawn from a log-normal (seeded, sigma 1.0), clamped as
   benchmark_serving.py filters ShareGPT (prompt <= 1024, prompt + output <= 2048, each >= 4)
   and scaled so the totals are the source's own "Total input/generated tokens" lines; the
   offline buildkite points report no totals and take the per-prompt means of the gpustack
@@ -66,7 +68,13 @@ METRICS = (("thr", "thr"), ("ttft_p50", "TTFT p50"), ("ttft_mean", "TTFT mean"),
            ("tpot_mean", "TPOT mean"), ("itl_p50", "ITL p50"), ("e2e", "E2E"), ("kv_gib", "KV GiB"))
 TARGETS = {"thr": 0.15, "e2e": 0.15, "tpot_p50": 0.15, "ttft_p50": 0.25}
 SHAREGPT_MEANS = (217393 / 1000, 201422 / 1000)  # gpustack's ShareGPT 1000-prompt totals, per prompt
+# per-request lengths where the source saved them (Lambda's benchmark_serving.py JSONs), keyed by the point's source
+LENGTHS = ROOT / "bench" / "public_lengths.json"
 SHAREGPT_SIGMA = 1.0
+# what-if (--sharegpt-shape lambda): a ShareGPT sample's shape as vLLM's own sampler drew it (benchmark_serving.py,
+# seed 0, Llama-3 tokenizer) and Lambda saved it, 320 prompts, outputs as Llama-3-8B-Instruct ended them
+SHAREGPT_SAMPLE = ("LambdaLabsML/vllm-benchmark@a4f9f4371a1ccac781293837fce2bce0cc6d25cc:"
+                   "results/prompt_320/1xH100-80GB-SXM/Meta-Llama-3-8B-Instruct_tp1_len2048.json")
 
 
 @dataclass
@@ -118,11 +126,17 @@ def split_of(point: dict[str, Any]) -> str:
 
 
 def sharegpt_lengths(n: int, total_in: int, total_out: int, seed: int = 0,
-                     sigma: float = SHAREGPT_SIGMA) -> list[tuple[int, int]]:
-    """(prompt, output) lengths like a ShareGPT sample: log-normal, clamped, scaled to the totals."""
+                     shape: str = "lognormal") -> list[tuple[int, int]]:
+    """(prompt, output) lengths like a ShareGPT sample, clamped and scaled to the totals: each length log-normal
+    (sigma 1.0), or ``shape="lambda"``: (prompt, output) pairs drawn from Lambda's sample (``SHAREGPT_SAMPLE``)."""
     rng = np.random.default_rng(seed)
-    a = rng.lognormal(0.0, sigma, n)
-    b = rng.lognormal(0.0, sigma, n)
+    if shape == "lambda":
+        sample = json.loads(LENGTHS.read_text())[SHAREGPT_SAMPLE]
+        pairs = np.array([(p, max(1, o)) for p, o in zip(sample["input_lens"], sample["output_lens"], strict=True)])
+        a, b = pairs[rng.integers(0, len(pairs), n)].T.astype(float)
+    else:
+        a = rng.lognormal(0.0, SHAREGPT_SIGMA, n)
+        b = rng.lognormal(0.0, SHAREGPT_SIGMA, n)
     ins, outs = a * total_in / a.sum(), b * total_out / b.sum()
     for _ in range(50):  # clamp as benchmark_serving.py filters ShareGPT, then rescale the rest
         ins = np.clip(ins, 4, 1024)
@@ -132,6 +146,18 @@ def sharegpt_lengths(n: int, total_in: int, total_out: int, seed: int = 0,
     pin = [max(4, int(round(x))) for x in ins]
     pout = [max(1, int(round(x))) for x in outs]
     return list(zip(pin, pout))
+
+
+def published_lengths(point: dict[str, Any], path: Path = LENGTHS) -> list[tuple[int, int]] | None:
+    """The (prompt, output) lengths the source's own result file lists for each request, or None. An output of
+    0 is a request whose first token was the end of the text (benchmark_serving.py counts tokens of the text):
+    the engine still generated that one token."""
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text()).get(str(point.get("source", "")))
+    if saved is None:
+        return None
+    return [(int(p), max(1, int(o))) for p, o in zip(saved["input_lens"], saved["output_lens"], strict=True)]
 
 
 def _prompt(i: int, tokens: int) -> str:
@@ -158,11 +184,13 @@ def build_workload(point: dict[str, Any]) -> tuple[Workload, int | None]:
         lengths = [(int(w["input_len"]), out_total // n + (1 if i < out_total % n else 0)) for i in range(n)]
     elif w["dataset"] == "offline-batch":
         lengths = [(int(w["input_len"]), int(w["output_len"]))] * int(w["batch_size"])
+    elif published := published_lengths(point):
+        lengths = published
     elif w["dataset"] == "sharegpt":
         n = int(w["num_prompts"])
         tin = w.get("total_input_tokens") or round(SHAREGPT_MEANS[0] * n)
         tout = w.get("total_output_tokens") or round(SHAREGPT_MEANS[1] * n)
-        lengths = sharegpt_lengths(n, int(tin), int(tout), seed=0)
+        lengths = sharegpt_lengths(n, int(tin), int(tout), seed=0, shape=w.get("sharegpt_shape", "lognormal"))
     else:
         raise ValueError(f"{point['id']}: no workload for dataset {w['dataset']!r}")
     reqs = tuple(Request(arrival_s=0.0, output_tokens=o, prompt=_prompt(i, p), prompt_tokens=p, api=api)
@@ -548,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph-measured", action="store_true",
                     help="what-if: the H100's and H200's decode step as bench/gpu_layer_*.json measured it in CUDA "
                          "graphs, with the host refitted to it (bench/sim_fidelity.md, 'A whole decoder layer')")
+    ap.add_argument("--sharegpt-shape", choices=("lognormal", "lambda"), default="lognormal",
+                    help="the lengths of a ShareGPT point whose source lists none: log-normal, sigma 1.0 (default), "
+                         "or what-if: pairs drawn from Lambda's published sample (bench/sim_fidelity.md)")
     a = ap.parse_args(argv)
     # fitting under --graph-measured starts from the measured shares and the shipped host (the refit's own start)
     gpus = graph_measured_gpus(host=not a.fit_host) if a.graph_measured else GPUS
@@ -564,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--gpu-as {k}={v}: both must be vllm-sim GPU profiles ({', '.join(GPUS)})")
     points = [{**p, "gpu": swaps[p["gpu"]], "what_if": f"run as {swaps[p['gpu']]}"} if p["gpu"] in swaps else p
               for p in points]
+    if a.sharegpt_shape != "lognormal":
+        points = [{**p, "workload": {**p["workload"], "sharegpt_shape": a.sharegpt_shape}} for p in points]
     if a.split != "all":
         points = [p for p in points if split_of(p) == a.split]
     fit_part = [p for p in points if split_of(p) == "fit"]

@@ -95,6 +95,37 @@ def test_a_random_workload_with_a_range_ratio_draws_lengths_within_it():
     assert [r.prompt_tokens for r in fidelity.build_workload(point)[0].requests] == ins
 
 
+def test_a_point_whose_source_saved_each_requests_lengths_replays_them_and_the_others_draw_a_sample():
+    """Lambda's result JSONs list each request's prompt and output tokens (bench/public_lengths.json): the point
+    replays those, in order, an empty output as the one token that ended it; a ShareGPT point without them draws
+    its lengths (log-normal, or Lambda's pairs as the what-if) scaled to its totals."""
+    import json
+    import tomllib
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_sim_fidelity as fidelity
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    points = {p["id"]: p for p in tomllib.loads((ROOT / "bench" / "sim_calibration.toml").read_text())["point"]}
+    lambda_320 = points["lambda-h100-llama3-8b-sharegpt-320"]
+    saved = json.loads(fidelity.LENGTHS.read_text())[lambda_320["source"]]
+    reqs = fidelity.build_workload(lambda_320)[0].requests
+    assert [r.prompt_tokens for r in reqs] == saved["input_lens"]
+    assert [r.output_tokens for r in reqs] == [max(1, o) for o in saved["output_lens"]]
+    assert sum(r.prompt_tokens for r in reqs) == lambda_320["workload"]["total_input_tokens"]
+
+    gpustack = points["gpustack-h100-qwen3-32b-sharegpt-inf"]
+    assert fidelity.published_lengths(gpustack) is None
+    for shape in ("lognormal", "lambda"):
+        drawn = fidelity.sharegpt_lengths(1000, 217393, 201422, shape=shape)
+        assert abs(sum(p for p, _ in drawn) - 217393) < 1000 and abs(sum(o for _, o in drawn) - 201422) < 1000
+        assert all(4 <= p <= 1024 and p + o <= 2048 + 4 for p, o in drawn)
+    # Lambda's outputs end at 780 tokens; a log-normal of the same mean reaches past 1,000
+    assert max(o for _, o in fidelity.sharegpt_lengths(320, 65578, 65331, shape="lambda")) < 1000
+    assert max(o for _, o in fidelity.sharegpt_lengths(320, 65578, 65331)) > 1000
+
+
 def test_the_script_refuses_unknown_points():
     r = subprocess.run([sys.executable, str(SCRIPT), "--points", "no-such-point"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120, check=False)

@@ -102,18 +102,20 @@ class _Shares(TypedDict):
 #   decode batch sizes (weight-read bound), the compute share theirs at prefill sizes; attention's are causal
 #   flash attention (SDPA, GQA) at long prompts and decode attention's reads of the KV cache. Their host
 #   share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host h100-80gb` on the
-#   fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4;
-#   bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take what they measure (V1
-#   overlaps it with the GPU), only a cost per scheduled sequence. The H200 takes it (the same vLLM on a
-#   host CPU).
+#   fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4 replayed with the
+#   per-request lengths Lambda saved; bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take
+#   what they measure (V1 overlaps it with the GPU), only a cost per scheduled sequence, 12.5 us. The H200 takes
+#   it (the same vLLM on a host CPU).
 # - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
 #   Llama-3 8B); no A100 was measured.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # - Host per step (H100, H200): vLLM's own scheduler's fixed cost, measured on real vLLM (scripts/bench_scheduler.py,
 #   bench/scheduler_cpu.json: 40 us + 17 us per running request a decode step on this project's VM; the per-request
-#   part is inside the fitted host_seq_s, 28 us, which also holds the worker's input preparation and sampling).
+#   part is inside the fitted host_seq_s, which also holds the worker's input preparation and sampling: 12.5 us on a
+#   GPU host's faster core. It was 28 us while Lambda's runs were replayed with log-normal lengths).
 # The other GPUs keep the defaults (no calibration point, no measurement).
 SCHEDULER_STEP_S = 40e-6
+H100_HOST_SEQ_S = 12.5e-6
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
     "compute_efficiency": 0.712,
@@ -148,7 +150,7 @@ GPUS: dict[str, GpuProfile] = {
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=28e-6,
+        host_seq_s=H100_HOST_SEQ_S,
     ),
     # what-if only (bench_sim_fidelity.py --gpu-as): the SXM part's measured shares on the PCIe part's peaks
     "h100-pcie-80gb": GpuProfile(
@@ -162,7 +164,7 @@ GPUS: dict[str, GpuProfile] = {
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
         fp8_flops=1513e12,
         host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=28e-6,
+        host_seq_s=H100_HOST_SEQ_S,
     ),
     "h200-141gb": GpuProfile(
         "NVIDIA H200",
@@ -179,7 +181,7 @@ GPUS: dict[str, GpuProfile] = {
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=28e-6,
+        host_seq_s=H100_HOST_SEQ_S,
     ),
     "a100-80gb": GpuProfile(
         "NVIDIA A100-SXM4-80GB",
