@@ -38,6 +38,7 @@ table with the reason, and out of the error medians.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -131,8 +132,7 @@ def sharegpt_lengths(n: int, total_in: int, total_out: int, seed: int = 0,
     (sigma 1.0), or ``shape="lambda"``: (prompt, output) pairs drawn from Lambda's sample (``SHAREGPT_SAMPLE``)."""
     rng = np.random.default_rng(seed)
     if shape == "lambda":
-        sample = json.loads(LENGTHS.read_text())[SHAREGPT_SAMPLE]
-        pairs = np.array([(p, max(1, o)) for p, o in zip(sample["input_lens"], sample["output_lens"], strict=True)])
+        pairs = np.array(saved_lengths(SHAREGPT_SAMPLE))
         a, b = pairs[rng.integers(0, len(pairs), n)].T.astype(float)
     else:
         a = rng.lognormal(0.0, SHAREGPT_SIGMA, n)
@@ -148,13 +148,21 @@ def sharegpt_lengths(n: int, total_in: int, total_out: int, seed: int = 0,
     return list(zip(pin, pout))
 
 
-def published_lengths(point: dict[str, Any], path: Path = LENGTHS) -> list[tuple[int, int]] | None:
-    """The (prompt, output) lengths the source's own result file lists for each request, or None. An output of
-    0 is a request whose first token was the end of the text (benchmark_serving.py counts tokens of the text):
-    the engine still generated that one token."""
-    if not path.exists():
-        return None
-    saved = json.loads(path.read_text()).get(str(point.get("source", "")))
+def published_lengths(point: dict[str, Any]) -> list[tuple[int, int]] | None:
+    """The (prompt, output) lengths the point's source lists for each request (``saved_lengths``), or None."""
+    return saved_lengths(str(point.get("source", "")))
+
+
+@functools.cache
+def _saved() -> dict[str, Any]:
+    return json.loads(LENGTHS.read_text()) if LENGTHS.exists() else {}  # read once: a fit replays every point often
+
+
+def saved_lengths(source: str) -> list[tuple[int, int]] | None:
+    """The (prompt, output) lengths bench/public_lengths.json holds for ``source``, or None. An output of 0 is a
+    request whose first token was the end of the text (benchmark_serving.py counts tokens of the text): the engine
+    still generated that one token."""
+    saved = _saved().get(source)
     if saved is None:
         return None
     return [(int(p), max(1, int(o))) for p, o in zip(saved["input_lens"], saved["output_lens"], strict=True)]

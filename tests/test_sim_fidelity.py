@@ -73,17 +73,23 @@ def test_a_public_group_is_scored_on_its_knob_effect_and_its_points_on_their_reg
     assert "| tp-scaling | 3 |" in r.stdout
 
 
+def fidelity_script():
+    """scripts/bench_sim_fidelity.py as a module (scripts/ is not a package)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_sim_fidelity
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return bench_sim_fidelity
+
+
 def test_a_random_workload_with_a_range_ratio_draws_lengths_within_it():
     """The vLLM blog's fp8-KV pair (bench/public_groups.toml): ~20k in, ~2k out, +-15 %, at concurrency 8. Each
     length is drawn within the range, the same draws every run, and they differ (fixed lengths finish in lockstep
     at a concurrency limit)."""
     import tomllib
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import bench_sim_fidelity as fidelity
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    fidelity = fidelity_script()
     points = tomllib.loads((ROOT / "bench" / "public_groups.toml").read_text())["point"]
     point = next(p for p in points if p["id"] == "vllm-blog-fp8kv-llama8b-h100-bf16")
     workload, concurrency = fidelity.build_workload(point)
@@ -102,11 +108,7 @@ def test_a_point_whose_source_saved_each_requests_lengths_replays_them_and_the_o
     import json
     import tomllib
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import bench_sim_fidelity as fidelity
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    fidelity = fidelity_script()
     points = {p["id"]: p for p in tomllib.loads((ROOT / "bench" / "sim_calibration.toml").read_text())["point"]}
     lambda_320 = points["lambda-h100-llama3-8b-sharegpt-320"]
     saved = json.loads(fidelity.LENGTHS.read_text())[lambda_320["source"]]
