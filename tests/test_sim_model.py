@@ -791,7 +791,8 @@ def test_moe_step_time_by_hand():
     assert m.experts_read(2) == pytest.approx(32 * (1 - (28 / 32) ** 2))
     assert m.experts_read(8192) == pytest.approx(32)
     s, g = model_shape("openai/gpt-oss-20b"), H100
-    expert_bytes = s.expert_weights_bytes / (24 * 32)
+    # an expert as loaded: Marlin's tiles pad its width 2880 -> 2944 and the hidden size 2880 -> 3072
+    expert_bytes = s.expert_weights_bytes * (2944 * 3072) / (2880 * 2880) / (24 * 32)
     dense_bytes = s.weights_bytes - s.expert_weights_bytes
     kv_token = 2 * 8 * 64 * 2  # one layer's K and V of one token
     ctx = 1000
@@ -808,6 +809,22 @@ def test_moe_step_time_by_hand():
     t = m.step_seconds(prefill_plan(8192))
     assert t > flops / rate
     assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(flops / rate + host + 25e-6 * 24, rel=1e-9)
+
+
+def test_mxfp4_experts_load_padded_as_vllm_logs_them_and_other_weights_as_stored():
+    """vLLM's log for gpt-oss-120b on one H100 reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278)
+    where the checkpoint holds 60.7 GiB: Marlin pads each expert's width to 128 and the hidden size to 256."""
+    oss = model_shape("openai/gpt-oss-120b")
+    assert oss.weights_bytes / GiB == pytest.approx(60.69, abs=0.01)
+    assert oss.loaded_weights_bytes(1) / GiB == pytest.approx(65.9651, rel=0.01)
+    # at TP 2 each GPU's slice of the width, 1440, pads to 1536; under expert parallelism the whole width
+    unpadded = oss.weights_bytes - oss.expert_weights_bytes
+    assert oss.loaded_weights_bytes(2) - unpadded == round(oss.expert_weights_bytes * 1536 * 3072 / (1440 * 2880))
+    assert oss.loaded_weights_bytes(2, expert_parallel=True) == oss.loaded_weights_bytes(1)
+    plan = plan_startup(oss, H100, SimConfig.from_args({"max_model_len": 32768}, H100, oss))
+    assert plan.plan is not None and plan.plan.weights == oss.loaded_weights_bytes(1)
+    for dense in (model_shape("llama-3.1-70b"), model_shape("llama-3.1-70b").served("fp8")):
+        assert dense.loaded_weights_bytes(4) == dense.weights_bytes
 
 
 def test_a_moe_model_decodes_faster_than_a_dense_model_of_a_third_its_size():

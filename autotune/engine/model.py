@@ -131,6 +131,12 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
     "mxfp4": (4.25 / 8, "experts"),
     "int4": ((4 + 20 / 128) / 8, "linear"),
 }
+# vLLM pads MXFP4 experts as it loads them: each GPU's slice of an expert's width to a multiple of 128 and the
+# hidden size to 256, the Marlin MoE kernel's tiles (quantization/mxfp4.py, Mxfp4MoEMethod.create_weights). Marlin
+# runs them wherever the GPU has no FP4 tensor cores: the A100 always, and the H100 in vLLM 0.10, whose log for
+# gpt-oss-120b reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278) where the checkpoint holds 60.7
+# GiB. Later releases run the H100's through Triton kernels, 64.38 GiB (vllm-project/vllm#33155).
+MXFP4_PADDING = (128, 256)
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,21 @@ class ModelShape:
         """The routed experts' bytes, all MoE layers (estimated from the shape and ``weight_quant``)."""
         elem = WEIGHT_FORMATS[self.weight_quant][0] if self.weight_quant else DTYPE_BYTES.get(self.dtype, 2)
         return round(self.moe_layers * self.experts * self.expert_params * elem)
+
+    def loaded_expert_weights_bytes(self, tp: int = 1, expert_parallel: bool = False) -> int:
+        """The routed experts' bytes, all GPUs together, as vLLM holds them at tensor-parallel size ``tp``: MXFP4
+        experts padded to MXFP4_PADDING (each GPU's slice of an expert's width, the whole width under expert
+        parallelism), other formats as stored."""
+        if self.weight_quant != "mxfp4" or not self.moe_layers:
+            return self.expert_weights_bytes
+        width = self.expert_intermediate if expert_parallel else self.expert_intermediate // tp
+        width_tile, hidden_tile = MXFP4_PADDING
+        padded = -(-width // width_tile) * width_tile * (-(-self.hidden // hidden_tile) * hidden_tile)
+        return round(self.expert_weights_bytes * padded / (width * self.hidden))
+
+    def loaded_weights_bytes(self, tp: int = 1, expert_parallel: bool = False) -> int:
+        """The weights' bytes, all GPUs together, as vLLM holds them (``loaded_expert_weights_bytes``)."""
+        return self.weights_bytes + self.loaded_expert_weights_bytes(tp, expert_parallel) - self.expert_weights_bytes
 
     @property
     def estimated_weights_bytes(self) -> int:

@@ -108,6 +108,12 @@ class SimConfig:
     def gpus(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    def whole_experts(self, shape: ModelShape) -> bool:
+        """Does each GPU hold whole experts (--enable-expert-parallel over more than one GPU, no more GPUs than
+        experts) rather than a slice of every expert's width?"""
+        tp = self.tensor_parallel_size
+        return self.enable_expert_parallel and tp > 1 and shape.experts >= tp
+
     def validate(self) -> str | None:
         """vLLM's own config errors (pydantic ValidationError at start-up), or None."""
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

@@ -72,9 +72,10 @@ class StepModel:
         self._weights = (s.weights_bytes - min(s.expert_weights_bytes, s.weights_bytes)) / split  # read every step
         self._moe_layers, self._experts, self._routed = s.moe_layers / pp, s.experts, s.experts_per_token
         # expert parallelism: each GPU holds experts / tp whole experts, instead of every expert's width / tp
-        self._ep = c.enable_expert_parallel and tp > 1 and s.experts >= tp
-        # one routed expert of one layer, per GPU: read when a token of the step is routed to it
-        per_expert = s.expert_weights_bytes / (s.moe_layers * s.experts) if s.moe_layers else 0.0
+        self._ep = c.whole_experts(s)
+        # one routed expert of one layer, per GPU, as loaded: read when a token of the step is routed to it
+        loaded = s.loaded_expert_weights_bytes(tp, self._ep)
+        per_expert = loaded / (s.moe_layers * s.experts) if s.moe_layers else 0.0
         self._expert = per_expert if self._ep else per_expert / tp
         # per token: the routed experts' grouped GEMMs apart, at their own share of the GEMM rate
         self._expert_flops = 2 * s.moe_layers * s.experts_per_token * s.expert_params / split

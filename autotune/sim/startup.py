@@ -133,7 +133,7 @@ def plan_startup(
         )
         return s
 
-    weights = shape.weights_bytes // gpus
+    weights = shape.loaded_weights_bytes(config.tensor_parallel_size, config.whole_experts(shape)) // gpus
     load_s = 1.0 if config.load_format == "dummy" else 2.0 + weights / DISK_BYTES_PER_S
     if weights > free - NON_TORCH_BYTES:
         s.phases.append(Phase(load_s * 0.8, ()))
