@@ -133,10 +133,10 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
 }
 # vLLM pads MXFP4 experts as it loads them: each GPU's slice of an expert's width to a multiple of 128 and the
 # hidden size to 256, the Marlin MoE kernel's tiles (quantization/mxfp4.py, Mxfp4MoEMethod.create_weights). Marlin
-# runs them wherever the GPU has no FP4 tensor cores: the A100 always, and the H100 until vLLM shipped Triton's
-# MoE kernels (vllm-project/vllm#27370, after 0.11.0). vLLM 0.10.1's log for gpt-oss-120b on an H100 reads "Model
-# loading took 65.9651 GiB" (vllm-project/vllm#23278) where the checkpoint holds 60.7 GiB; with Triton's kernels
-# 0.14.1 logs 64.38 GiB (vllm-project/vllm#33155).
+# runs them wherever the GPU has no FP4 tensor cores: the A100 always, and the H100 until vLLM bundled Triton's
+# MoE kernels into its build (vllm-project/vllm#28788, November 2025). vLLM 0.10.1's log for gpt-oss-120b on an
+# H100 reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278) where the checkpoint holds 60.7 GiB; with
+# Triton's kernels 0.14.1 logs 64.38 GiB (vllm-project/vllm#33155).
 MXFP4_PADDING = (128, 256)
 
 
