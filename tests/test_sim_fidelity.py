@@ -272,3 +272,28 @@ def test_a_step_is_the_linear_layers_roofline_plus_attentions():
     slower_attention = StepModel(shape, replace(gpu, attention_bandwidth_efficiency=gpu.attention_bandwidth_efficiency / 2),
                                  model.config)
     assert slower_attention.seconds(tokens, seqs, sampled, attn, kv_tokens, False) > 1.3 * (linear + attention)
+
+
+def test_the_public_moe_kernel_tables_run_against_the_simulators_layer(tmp_path):
+    """Every table of bench/public_moe_kernels.toml names a GPU profile, a model with a shape and a dtype the
+    simulator models; the script sets each measured row beside StepModel.moe_layer_seconds and gives the error
+    per batch band."""
+    import tomllib
+
+    from autotune.sim.perf import StepModel
+
+    script = ROOT / "scripts" / "bench_moe_kernels.py"
+    out = tmp_path / "moe.json"
+    r = subprocess.run([sys.executable, str(script), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    tables = tomllib.loads((ROOT / "bench" / "public_moe_kernels.toml").read_text())["table"]
+    assert [t["id"] for t in result["tables"]] == [t["id"] for t in tables]
+    assert sum(b["rows"] for b in result["bands"].values()) == sum(len(t["times_us"]) for t in tables)
+    # one row by hand: Qwen3-30B-A3B in fp8 on an H100 at 64 tokens
+    table = next(t for t in tables if t["model"] == "Qwen/Qwen3-30B-A3B" and t["dtype"] == "fp8_w8a8")
+    gpu, shape = GPUS["h100-80gb"], model_shape("Qwen/Qwen3-30B-A3B").served("fp8")
+    expected = StepModel(shape, gpu, SimConfig.from_args({}, gpu, shape)).moe_layer_seconds(64) * 1e6
+    row = next(r for r in result["tables"] if r["id"] == table["id"])["rows"]
+    assert next(p for b, _, p in row if b == 64) == pytest.approx(expected)

@@ -811,6 +811,19 @@ def test_moe_step_time_by_hand():
     assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(flops / rate + host + 25e-6 * 24, rel=1e-9)
 
 
+def test_one_moe_layer_reads_the_experts_it_touches_or_runs_their_gemms_whichever_takes_longer():
+    """What vLLM's benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py)."""
+    m, s, g = step_model("openai/gpt-oss-20b"), model_shape("openai/gpt-oss-20b"), H100
+    expert = s.loaded_expert_weights_bytes(1) / (24 * 32)
+    bandwidth = g.bandwidth * g.bandwidth_efficiency
+    assert m.moe_layer_seconds(1) == pytest.approx(4 * expert / bandwidth)  # one token, its 4 experts
+    # 8192 tokens touch all 32 experts, and their GEMMs at the grouped share take longer than reading them
+    gemms = 8192 * 4 * 2 * OSS_EXPERT / (g.bf16_flops * g.compute_efficiency * g.sustained_compute * g.grouped_gemm_share)
+    assert gemms > 32 * expert / bandwidth
+    assert m.moe_layer_seconds(8192) == pytest.approx(gemms)
+    assert step_model("llama-3.1-8b").moe_layer_seconds(64) == 0.0
+
+
 def test_mxfp4_experts_load_padded_as_vllm_logs_them_and_other_weights_as_stored():
     """vLLM's log for gpt-oss-120b on one H100 reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278)
     where the checkpoint holds 60.7 GiB: Marlin pads each expert's width to 128 and the hidden size to 256."""

@@ -140,6 +140,17 @@ class StepModel:
         held = self._experts / self._tp
         return min(held, _busiest(self._tp, held * touched, held * touched * (1 - touched)))
 
+    def moe_layer_seconds(self, tokens: float) -> float:
+        """One MoE layer's routed experts for a step of ``tokens`` tokens, per GPU, as the step charges them: the
+        experts it touches read from memory or their grouped GEMMs at ``grouped_gemm_share`` of the GEMM rate,
+        whichever takes longer. It is what vLLM's benchmarks/kernels/benchmark_moe.py times as one fused-MoE call
+        (scripts/bench_moe_kernels.py compares the two)."""
+        if not self._moe_layers:
+            return 0.0
+        reads = self.experts_read(tokens) * self._expert / self._bw
+        per_layer_flops = self._expert_flops / self._moe_layers * self._expert_load(tokens)
+        return max(reads, tokens * per_layer_flops / (self._flops * self.gpu.grouped_gemm_share))
+
     def _expert_load(self, tokens: float) -> float:
         """The busiest GPU's share of the routed tokens over the mean share: 1 unless expert parallelism puts
         whole experts on each GPU, where the T x k routings land on tp GPUs as a binomial draw."""

@@ -1,0 +1,89 @@
+"""vllm-sim's fused-MoE layer against vLLM's own kernel timings: every table of bench/public_moe_kernels.toml.
+
+    python scripts/bench_moe_kernels.py [--json OUT]
+
+Each table is a public run of vLLM's benchmarks/kernels/benchmark_moe.py (or sglang's copy of it): one fused-MoE
+call (routing, the two grouped GEMMs, the activation) timed on a named GPU for batch sizes 1 to a few thousand
+tokens, the model's experts at tensor-parallel size ``tp`` in ``dtype`` (bf16, or fp8_w8a8 on fp8 tensor cores).
+The simulator's figure for the same call is ``StepModel.moe_layer_seconds``: the experts touched read from
+memory or their GEMMs at the profile's ``grouped_gemm_share``, whichever is longer. The tables are held out: no
+constant of the simulator is fitted on them. Ratios are predicted/measured; each table ends with the median
+absolute error, and the summary gives it per batch band (1-8 tokens, 16-128, 256 and more), where different
+costs dominate: the kernels' fixed cost, the weights' reads, the GEMMs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autotune.engine.model import ModelShape  # noqa: E402
+from autotune.sim.config import SimConfig  # noqa: E402
+from autotune.sim.perf import StepModel  # noqa: E402
+from autotune.sim.profiles import GPUS, model_shape  # noqa: E402
+
+TABLES = ROOT / "bench" / "public_moe_kernels.toml"
+BANDS = (("1-8", 1, 8), ("16-128", 16, 128), (">=256", 256, 1 << 30))
+
+
+def served(shape: ModelShape, dtype: str) -> ModelShape:
+    """The experts as the benchmark builds them: bf16 (the checkpoint's own quantization dropped), or fp8."""
+    if dtype == "fp8_w8a8":
+        return shape if shape.weight_quant == "fp8" else replace(shape, weight_quant="").served("fp8")
+    if dtype in ("auto", "bf16", "bfloat16"):
+        return replace(shape, weight_quant="", dtype="bfloat16")
+    raise ValueError(f"dtype {dtype!r}: not one the simulator models (bf16, fp8_w8a8)")
+
+
+def predicted_us(table: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(batch, measured us, predicted us) for each row of ``table``."""
+    gpu = GPUS[table["gpu"]]
+    shape = served(model_shape(table["model"]), table["dtype"])
+    model = StepModel(shape, gpu, SimConfig.from_args({"tensor_parallel_size": table.get("tp", 1)}, gpu, shape))
+    return [(int(b), float(us), model.moe_layer_seconds(int(b)) * 1e6) for b, us in table["times_us"]]
+
+
+def mdape(pairs: list[tuple[float, float]]) -> float:
+    return statistics.median(abs(p / m - 1) for m, p in pairs) if pairs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", type=Path, default=TABLES)
+    ap.add_argument("--json", type=Path, help="write every row and the medians here")
+    a = ap.parse_args(argv)
+    tables = tomllib.loads(a.tables.read_text())["table"]
+    out: dict[str, Any] = {"tables": [], "bands": {}}
+    everything: list[tuple[int, float, float]] = []
+    for t in tables:
+        rows = predicted_us(t)
+        everything += rows
+        print(f"## {t['id']} ({t['gpu']}, {t['model']}, {t['dtype']}, TP {t.get('tp', 1)}, {t['config']})")
+        print("| batch | measured us | predicted us | ratio |\n|---|---|---|---|")
+        for b, m, p in rows:
+            print(f"| {b} | {m:.1f} | {p:.1f} | {p / m:.2f}x |")
+        err = mdape([(m, p) for _, m, p in rows])
+        print(f"median absolute error {err:.0%}\n")
+        out["tables"].append({"id": t["id"], "mdape": err, "rows": [list(r) for r in rows]})
+    print("| batch band | rows | median absolute error | median ratio |\n|---|---|---|---|")
+    for name, lo, hi in BANDS:
+        band = [(m, p) for b, m, p in everything if lo <= b <= hi]
+        ratio = statistics.median(p / m for m, p in band) if band else float("nan")
+        print(f"| {name} | {len(band)} | {mdape(band):.0%} | {ratio:.2f}x |")
+        out["bands"][name] = {"rows": len(band), "mdape": mdape(band), "median_ratio": ratio}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
