@@ -148,8 +148,12 @@ class StepModel:
         if not self._moe_layers:
             return 0.0
         reads = self.experts_read(tokens) * self._expert / self._bw
-        per_layer_flops = self._expert_flops / self._moe_layers * self._expert_load(tokens)
-        return max(reads, tokens * per_layer_flops / (self._flops * self.gpu.grouped_gemm_share))
+        return max(reads, tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops)
+
+    def _grouped_flops(self, tokens: float) -> float:
+        """The routed experts' FLOPs per token, all MoE layers of a GPU, weighed by the busiest GPU's load and
+        counted at the grouped GEMMs' share of the GEMM rate."""
+        return self._expert_flops * self._expert_load(tokens) / self.gpu.grouped_gemm_share
 
     def _expert_load(self, tokens: float) -> float:
         """The busiest GPU's share of the routed tokens over the mean share: 1 unless expert parallelism puts
@@ -213,7 +217,7 @@ class StepModel:
         window_kv_tokens: float,
     ) -> float:
         weights = self._weights + self._moe_layers * self.experts_read(tokens) * self._expert
-        expert_flops = self._expert_flops * self._expert_load(tokens) / self.gpu.grouped_gemm_share
+        expert_flops = self._grouped_flops(tokens)
         linear = max(
             (weights + tokens * (self._kv + self._window_kv)) / self._bw,
             (tokens * (self._matmul_flops + expert_flops) + sampled * self._head_flops) / self._flops,
