@@ -1,15 +1,18 @@
 """vllm-sim's fused-MoE layer against vLLM's own kernel timings: every table of bench/public_moe_kernels.toml.
 
-    python scripts/bench_moe_kernels.py [--json OUT]
+    python scripts/bench_moe_kernels.py [--json OUT] [--fit]
 
 Each table is a public run of vLLM's benchmarks/kernels/benchmark_moe.py (or sglang's copy of it): one fused-MoE
 call (routing, the two grouped GEMMs, the activation) timed on a named GPU for batch sizes 1 to a few thousand
 tokens, the model's experts at tensor-parallel size ``tp`` in ``dtype`` (bf16, or fp8_w8a8 on fp8 tensor cores).
-The simulator's figure for the same call is ``StepModel.moe_layer_seconds``: the experts touched read from
-memory or their GEMMs at the profile's ``grouped_gemm_share``, whichever is longer. The tables are held out: no
-constant of the simulator is fitted on them. Ratios are predicted/measured; each table ends with the median
-absolute error, and the summary gives it per batch band (1-8 tokens, 16-128, 256 and more), where different
-costs dominate: the kernels' fixed cost, the weights' reads, the GEMMs.
+The simulator's figure for the same call is ``StepModel.moe_layer_seconds``: a fixed cost, plus the experts
+touched read from memory or their GEMMs at the profile's ``grouped_gemm_share``, whichever is longer. Ratios are
+predicted/measured; each table ends with the median absolute error, and the summary gives it per batch band
+(1-8 tokens, 16-128, 256 and more), where different costs dominate (the call's fixed cost, the experts' reads,
+the GEMMs) and per split.
+
+``--fit`` fits the H100 profile's call costs (``MOE_CALL_BOUNDS``) on the rows of up to ``FIT_MAX_TOKENS`` tokens of
+the tables marked ``split = "fit"``, where the reads bind; the other tables are held out.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ sys.path.insert(0, str(ROOT))
 from autotune.engine.model import ModelShape  # noqa: E402
 from autotune.sim.config import SimConfig  # noqa: E402
 from autotune.sim.perf import StepModel  # noqa: E402
-from autotune.sim.profiles import GPUS, model_shape  # noqa: E402
+from autotune.sim.profiles import GPUS, GpuProfile, model_shape  # noqa: E402
 
 TABLES = ROOT / "bench" / "public_moe_kernels.toml"
 BANDS = (("1-8", 1, 8), ("16-128", 16, 128), (">=256", 256, 1 << 30))
+FIT_GPU = "h100-80gb"
+FIT_MAX_TOKENS = 128  # above it the GEMMs bind, whose share is fitted on serving points (bench_sim_fidelity --fit-moe)
+MOE_CALL_BOUNDS = {"moe_call_s": (0.0, 60e-6), "moe_expert_s": (0.0, 2e-6), "expert_bandwidth_efficiency": (0.4, 1.0)}
 
 
 def served(shape: ModelShape, dtype: str) -> ModelShape:
@@ -44,9 +50,9 @@ def served(shape: ModelShape, dtype: str) -> ModelShape:
     raise ValueError(f"dtype {dtype!r}: not one the simulator models (bf16, fp8_w8a8)")
 
 
-def predicted_us(table: dict[str, Any]) -> list[tuple[int, float, float]]:
+def predicted_us(table: dict[str, Any], gpus: dict[str, GpuProfile] = GPUS) -> list[tuple[int, float, float]]:
     """(batch, measured us, predicted us) for each row of ``table``."""
-    gpu = GPUS[table["gpu"]]
+    gpu = gpus[table["gpu"]]
     shape = served(model_shape(table["model"]), table["dtype"])
     model = StepModel(shape, gpu, SimConfig.from_args({"tensor_parallel_size": table.get("tp", 1)}, gpu, shape))
     return [(int(b), float(us), model.moe_layer_seconds(int(b)) * 1e6) for b, us in table["times_us"]]
@@ -56,30 +62,51 @@ def mdape(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(abs(p / m - 1) for m, p in pairs) if pairs else float("nan")
 
 
+def fit_call_costs(tables: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
+    """The H100's fused-MoE call costs fitted on the fit tables' rows where the reads bind (log loss)."""
+    from autotune.sim.fit import fit, log_loss
+
+    mine = [t for t in tables if t.get("split") == "fit" and t["gpu"] == FIT_GPU]
+    base = GPUS[FIT_GPU]
+    start = {k: getattr(base, k) or base.bandwidth_efficiency for k in MOE_CALL_BOUNDS}
+
+    def loss(c: dict[str, float]) -> float:
+        gpus = {**GPUS, FIT_GPU: replace(base, **c)}
+        return log_loss((m, p) for t in mine for b, m, p in predicted_us(t, gpus) if b <= FIT_MAX_TOKENS)
+
+    return fit(loss, start, MOE_CALL_BOUNDS, points=9, rounds=6)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", type=Path, default=TABLES)
     ap.add_argument("--json", type=Path, help="write every row and the medians here")
+    ap.add_argument("--fit", action="store_true", help=f"fit {FIT_GPU}'s fused-MoE call costs on the fit tables")
     a = ap.parse_args(argv)
     tables = tomllib.loads(a.tables.read_text())["table"]
+    if a.fit:
+        best, loss = fit_call_costs(tables)
+        print(f"{FIT_GPU}: " + ", ".join(f"{k}={v:.4g}" for k, v in best.items()) + f" (log loss {loss:.4f})")
+        return 0
     out: dict[str, Any] = {"tables": [], "bands": {}}
-    everything: list[tuple[int, float, float]] = []
+    everything: list[tuple[str, int, float, float]] = []
     for t in tables:
         rows = predicted_us(t)
-        everything += rows
+        everything += [(t["split"], *r) for r in rows]
         print(f"## {t['id']} ({t['gpu']}, {t['model']}, {t['dtype']}, TP {t.get('tp', 1)}, {t['config']})")
         print("| batch | measured us | predicted us | ratio |\n|---|---|---|---|")
         for b, m, p in rows:
             print(f"| {b} | {m:.1f} | {p:.1f} | {p / m:.2f}x |")
         err = mdape([(m, p) for _, m, p in rows])
         print(f"median absolute error {err:.0%}\n")
-        out["tables"].append({"id": t["id"], "mdape": err, "rows": [list(r) for r in rows]})
-    print("| batch band | rows | median absolute error | median ratio |\n|---|---|---|---|")
-    for name, lo, hi in BANDS:
-        band = [(m, p) for b, m, p in everything if lo <= b <= hi]
-        err, ratio = mdape(band), statistics.median(p / m for m, p in band) if band else float("nan")
-        print(f"| {name} | {len(band)} | {err:.0%} | {ratio:.2f}x |")
-        out["bands"][name] = {"rows": len(band), "mdape": err, "median_ratio": ratio}
+        out["tables"].append({"id": t["id"], "split": t["split"], "mdape": err, "rows": [list(r) for r in rows]})
+    print("| tables | batch band | rows | median absolute error | median ratio |\n|---|---|---|---|---|")
+    for split in ("fit", "held-out"):
+        for name, lo, hi in BANDS:
+            band = [(m, p) for sp, b, m, p in everything if sp == split and lo <= b <= hi]
+            err, ratio = mdape(band), statistics.median(p / m for m, p in band) if band else float("nan")
+            print(f"| {split} | {name} | {len(band)} | {err:.0%} | {ratio:.2f}x |")
+            out["bands"].setdefault(split, {})[name] = {"rows": len(band), "mdape": err, "median_ratio": ratio}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -290,10 +290,30 @@ def test_the_public_moe_kernel_tables_run_against_the_simulators_layer(tmp_path)
     result = json.loads(out.read_text())
     tables = tomllib.loads((ROOT / "bench" / "public_moe_kernels.toml").read_text())["table"]
     assert [t["id"] for t in result["tables"]] == [t["id"] for t in tables]
-    assert sum(b["rows"] for b in result["bands"].values()) == sum(len(t["times_us"]) for t in tables)
+    bands = [b for split in result["bands"].values() for b in split.values()]
+    assert sum(b["rows"] for b in bands) == sum(len(t["times_us"]) for t in tables)
+    assert {t["split"] for t in tables} == {"fit", "held-out"}
     # one row by hand: Qwen3-30B-A3B in fp8 on an H100 at 64 tokens
     table = next(t for t in tables if t["model"] == "Qwen/Qwen3-30B-A3B" and t["dtype"] == "fp8_w8a8")
     gpu, shape = GPUS["h100-80gb"], model_shape("Qwen/Qwen3-30B-A3B").served("fp8")
     expected = StepModel(shape, gpu, SimConfig.from_args({}, gpu, shape)).moe_layer_seconds(64) * 1e6
     row = next(r for r in result["tables"] if r["id"] == table["id"])["rows"]
     assert next(p for b, _, p in row if b == 64) == pytest.approx(expected)
+
+
+def test_the_h100s_fused_moe_call_costs_are_what_the_fit_tables_give():
+    """GpuProfile.moe_call_s, moe_expert_s and expert_bandwidth_efficiency of the H100 are `bench_moe_kernels.py
+    --fit`'s result on the fit tables (rows of up to 128 tokens), which they then match within a few per cent."""
+    import tomllib
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_moe_kernels as b
+
+    tables = tomllib.loads((ROOT / "bench" / "public_moe_kernels.toml").read_text())["table"]
+    best, _ = b.fit_call_costs(tables)
+    h100 = GPUS["h100-80gb"]
+    assert best["moe_call_s"] == pytest.approx(h100.moe_call_s, rel=0.05)
+    assert best["moe_expert_s"] == pytest.approx(h100.moe_expert_s, rel=0.05)
+    assert best["expert_bandwidth_efficiency"] == pytest.approx(h100.expert_bandwidth_efficiency, rel=0.02)
+    fit_rows = [(m, p) for t in tables if t["split"] == "fit" for n, m, p in b.predicted_us(t) if n <= b.FIT_MAX_TOKENS]
+    assert len(fit_rows) >= 20 and b.mdape(fit_rows) < 0.05

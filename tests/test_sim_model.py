@@ -19,7 +19,7 @@ import pytest
 from autotune.engine.failures import FailureClass, LogWatch, classify_exit
 from autotune.engine.vllm.failures import PATTERNS
 from autotune.sim.config import SimConfig
-from autotune.sim.perf import StepModel, weight_only
+from autotune.sim.perf import StepModel, marlin_experts, weight_only
 from autotune.sim.profiles import gpu_profile, model_shape
 from autotune.sim.scheduler import Request, Scheduler, StepPlan, block_hashes
 from autotune.sim.startup import plan_startup
@@ -784,8 +784,8 @@ def test_mixtral_by_its_hugging_face_id_is_the_published_size():
 
 
 def test_moe_step_time_by_hand():
-    """A decode step of one sequence reads the dense weights and the 4 experts it is routed to in each layer; a
-    large prefill reads every expert once and computes only the routed ones."""
+    """A decode step of one sequence reads the dense weights and the 4 experts it is routed to in each layer, one
+    fused-MoE call a layer; a large prefill reads every expert once and computes only the routed ones."""
     m = step_model("openai/gpt-oss-20b")
     assert m.experts_read(1) == pytest.approx(4)
     assert m.experts_read(2) == pytest.approx(32 * (1 - (28 / 32) ** 2))
@@ -796,32 +796,52 @@ def test_moe_step_time_by_hand():
     dense_bytes = s.weights_bytes - s.expert_weights_bytes
     kv_token = 2 * 8 * 64 * 2  # one layer's K and V of one token
     ctx = 1000
-    # one token: memory-bound linear layers, then attention over 1001 tokens in 12 layers and the window in 12
-    linear = (dense_bytes + 24 * 4 * expert_bytes + 24 * kv_token) / (g.bandwidth * g.bandwidth_efficiency)
+    # one token: memory-bound linear layers; in each layer a fused-MoE call reading 4 experts (MXFP4: Marlin's
+    # kernel, at the linear layers' bandwidth share); then attention over 1001 tokens in 12 layers, the window in 12
+    bandwidth = g.bandwidth * g.bandwidth_efficiency
+    linear = (dense_bytes + 24 * kv_token) / bandwidth
+    experts = 24 * (g.moe_call_s + 4 * (expert_bytes / bandwidth + g.moe_expert_s))
     attention = (12 * (ctx + 1) + 12 * 128) * kv_token / (g.bandwidth * g.attention_bandwidth_efficiency)
     host = (g.host_step_s + g.host_seq_s) / 2  # async scheduling overlaps half
     launch = g.graph_layer_s * 24  # one CUDA graph replay
-    assert m.step_seconds(decode_plan(1, ctx)) == pytest.approx(linear + attention + host + launch, rel=1e-9)
+    assert m.step_seconds(decode_plan(1, ctx)) == pytest.approx(linear + experts + attention + host + launch, rel=1e-9)
     # 8192 prompt tokens: compute-bound on the active parameters, the routed experts at the grouped GEMMs' share
-    flops = 8192 * 2 * (24 * (OSS_ATTENTION + OSS_ROUTER) + 24 * 4 * OSS_EXPERT / g.grouped_gemm_share)
-    flops += 2 * 2880 * 201088  # the LM head, for the one sampled sequence
     rate = g.bf16_flops * g.compute_efficiency * g.sustained_compute
+    dense = (8192 * 2 * 24 * (OSS_ATTENTION + OSS_ROUTER) + 2 * 2880 * 201088) / rate  # + the LM head, one sequence
+    experts = 24 * (g.moe_call_s + 8192 * 2 * 4 * OSS_EXPERT / g.grouped_gemm_share / rate)
     t = m.step_seconds(prefill_plan(8192))
-    assert t > flops / rate
-    assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(flops / rate + host + 25e-6 * 24, rel=1e-9)
+    assert t > dense + experts
+    assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(dense + experts + host + 25e-6 * 24, rel=1e-9)
 
 
 def test_one_moe_layer_reads_the_experts_it_touches_or_runs_their_gemms_whichever_takes_longer():
-    """What vLLM's benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py)."""
+    """What vLLM's benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py): a fixed cost, plus
+    the experts touched read (a cost each) or their GEMMs, whichever takes longer."""
     m, s, g = step_model("openai/gpt-oss-20b"), model_shape("openai/gpt-oss-20b"), H100
     expert = s.loaded_expert_weights_bytes(1) / (24 * 32)
-    bandwidth = g.bandwidth * g.bandwidth_efficiency
-    assert m.moe_layer_seconds(1) == pytest.approx(4 * expert / bandwidth)  # one token, its 4 experts
+    bandwidth = g.bandwidth * g.bandwidth_efficiency  # MXFP4 experts: Marlin's kernel, the linear layers' share
+    one = g.moe_call_s + 4 * (expert / bandwidth + g.moe_expert_s)
+    assert m.moe_layer_seconds(1) == pytest.approx(one)  # one token, its 4 experts
     # 8192 tokens touch all 32 experts, and their GEMMs at the grouped share take longer than reading them
     gemms = 8192 * 4 * 2 * OSS_EXPERT / (g.bf16_flops * g.compute_efficiency * g.sustained_compute * g.grouped_gemm_share)
-    assert gemms > 32 * expert / bandwidth
-    assert m.moe_layer_seconds(8192) == pytest.approx(gemms)
+    assert gemms > 32 * (expert / bandwidth + g.moe_expert_s)
+    assert m.moe_layer_seconds(8192) == pytest.approx(g.moe_call_s + gemms)
     assert step_model("llama-3.1-8b").moe_layer_seconds(64) == 0.0
+
+
+def test_tritons_fused_moe_reads_experts_at_its_own_share_and_marlins_at_the_linear_layers():
+    """The public kernel tables time Triton's fused MoE (bf16 experts, fp8 ones on fp8 tensor cores), whose reads
+    reach ``expert_bandwidth_efficiency``; Marlin's weight-only kernel (fp8 experts on an A100) keeps the linear
+    layers' share, as no table times it."""
+    for gpu, triton in ((H100, True), (gpu_profile("a100-80gb"), False)):
+        shape = model_shape("Qwen/Qwen3-30B-A3B").served("fp8")
+        m = StepModel(shape, gpu, SimConfig.from_args({}, gpu, shape))
+        expert = shape.loaded_expert_weights_bytes(1) / (shape.moe_layers * shape.experts)
+        share = gpu.expert_bandwidth_efficiency if triton else gpu.bandwidth_efficiency
+        assert marlin_experts(shape, gpu) is not triton
+        assert m.moe_layer_seconds(1) == pytest.approx(gpu.moe_call_s + 8 * (expert / (gpu.bandwidth * share)
+                                                                              + gpu.moe_expert_s))
+    assert H100.expert_bandwidth_efficiency > H100.bandwidth_efficiency
 
 
 def test_mxfp4_experts_load_padded_as_vllm_logs_them_and_other_weights_as_stored():
@@ -914,7 +934,8 @@ def test_sliding_window_layers_read_only_the_window():
 def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory():
     """Qwen3-235B on 4 GPUs: with --enable-expert-parallel each GPU holds 32 whole experts instead of a quarter of
     all 128. One token's 8 experts land on the GPUs unevenly, so a small decode step waits for the busiest; a
-    large batch touches every expert everywhere and costs the same either way."""
+    large batch touches every expert everywhere and reads the same bytes either way, but each GPU's fused-MoE call
+    runs 32 whole experts instead of 128 slices, and pays the per-expert cost 96 fewer times."""
     model = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
     tp, ep = step_model(model, tensor_parallel_size=4), step_model(model, tensor_parallel_size=4,
                                                                     enable_expert_parallel=True)
@@ -922,7 +943,10 @@ def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory(
     assert 2 < ep.experts_read(1) < 8  # whole experts: the busiest GPU of four holds more than the mean 2
     assert ep.experts_read(10_000) == pytest.approx(32)
     assert ep.step_seconds(decode_plan(1)) > 1.1 * tp.step_seconds(decode_plan(1))
-    assert ep.step_seconds(decode_plan(256)) == pytest.approx(tp.step_seconds(decode_plan(256)), rel=0.02)
+    assert tp.experts_read(10_000) == pytest.approx(128)
+    fewer_experts = tp.shape.moe_layers * 96 * tp.gpu.moe_expert_s
+    assert ep.step_seconds(decode_plan(256)) == pytest.approx(tp.step_seconds(decode_plan(256)) - fewer_experts,
+                                                              rel=0.02)
     a, _ = startup(model, tensor_parallel_size=4, max_model_len=32768)
     b, _ = startup(model, tensor_parallel_size=4, max_model_len=32768, enable_expert_parallel=True)
     assert a.plan is not None and a.plan.kv_tokens == b.plan.kv_tokens

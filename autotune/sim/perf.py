@@ -10,9 +10,10 @@ weights, the heads and the KV cache; pipeline parallelism splits the layers):
   routed experts only), 2 x hidden x vocab per sampled sequence for the LM head, and 4 x layers x
   heads x head_dim x (new tokens x context) for attention; fp8 weights compute at the GPU's fp8 peak
   where it has one (``GpuProfile.fp8_flops``), MXFP4 and int4 weights at bf16 (weight-only kernels);
-- time = two rooflines, one after the other, as the kernels run: the linear layers
-  max(weight bytes / (bandwidth x e_bw), matmul FLOPs / (peak x e_flops)) plus attention
-  max(KV bytes / (bandwidth x e_attn_bw), attention FLOPs / (peak x e_attn_flops)). The e's are
+- time = rooflines, one after the other, as the kernels run: the linear layers
+  max(weight bytes / (bandwidth x e_bw), matmul FLOPs / (peak x e_flops)), a mixture of experts' fused-MoE call
+  in each MoE layer (``moe_layer_seconds``: a fixed cost, then the touched experts' reads or their grouped GEMMs),
+  and attention max(KV bytes / (bandwidth x e_attn_bw), attention FLOPs / (peak x e_attn_flops)). The e's are
   the achievable shares of the datasheet peaks, per GPU (``GpuProfile``): measured with PyTorch
   on the H100 and H200 (scripts/gpu_microbench.py: the models' own layer GEMMs and flash
   attention, bench/gpu_microbench_*.json), fitted on public measurements for the A100, and 0.85 /
@@ -97,6 +98,10 @@ class StepModel:
         # MXFP4 and int4 (weight-only kernels) the GEMMs compute in bf16
         peak = g.fp8_flops if s.weight_quant == "fp8" and g.fp8_flops else g.bf16_flops
         self._bw = g.bandwidth * g.bandwidth_efficiency
+        expert_share = g.expert_bandwidth_efficiency
+        if expert_share is None or marlin_experts(s, g):
+            expert_share = g.bandwidth_efficiency
+        self._expert_bw = g.bandwidth * expert_share
         self._flops = peak * g.compute_efficiency * g.sustained_compute
         self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
         self._attn_flops_rate = (
@@ -142,13 +147,17 @@ class StepModel:
 
     def moe_layer_seconds(self, tokens: float) -> float:
         """One MoE layer's routed experts for a step of ``tokens`` tokens, per GPU, as the step charges them: the
-        experts it touches read from memory or their grouped GEMMs at ``grouped_gemm_share`` of the GEMM rate,
-        whichever takes longer. It is what vLLM's benchmarks/kernels/benchmark_moe.py times as one fused-MoE call
+        fused-MoE call's fixed cost (``GpuProfile.moe_call_s``: routing, alignment, the activation, the kernels'
+        ramp) plus whichever takes longer of reading the experts it touches (``expert_bandwidth_efficiency`` of the
+        bandwidth, and ``moe_expert_s`` per expert) and their grouped GEMMs at ``grouped_gemm_share`` of the GEMM
+        rate. It is what vLLM's benchmarks/kernels/benchmark_moe.py times as one fused-MoE call
         (scripts/bench_moe_kernels.py compares the two)."""
         if not self._moe_layers:
             return 0.0
-        reads = self.experts_read(tokens) * self._expert / self._bw
-        return max(reads, tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops)
+        touched = self.experts_read(tokens)
+        reads = touched * (self._expert / self._expert_bw + self.gpu.moe_expert_s)
+        gemms = tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops
+        return self.gpu.moe_call_s + max(reads, gemms)
 
     def _grouped_flops(self, tokens: float) -> float:
         """The routed experts' FLOPs per token, all MoE layers of a GPU, weighed by the busiest GPU's load and
@@ -216,17 +225,16 @@ class StepModel:
         window_attn: float,
         window_kv_tokens: float,
     ) -> float:
-        weights = self._weights + self._moe_layers * self.experts_read(tokens) * self._expert
-        expert_flops = self._grouped_flops(tokens)
         linear = max(
-            (weights + tokens * (self._kv + self._window_kv)) / self._bw,
-            (tokens * (self._matmul_flops + expert_flops) + sampled * self._head_flops) / self._flops,
+            (self._weights + tokens * (self._kv + self._window_kv)) / self._bw,
+            (tokens * self._matmul_flops + sampled * self._head_flops) / self._flops,
         )
+        experts = self._moe_layers * self.moe_layer_seconds(tokens)
         attention = max(
             (kv_tokens * self._kv + window_kv_tokens * self._window_kv) / self._attn_bw,
             (attn * self._attn_flops + window_attn * self._window_flops) / self._attn_flops_rate,
         )
-        gpu = linear + attention
+        gpu = linear + experts + attention
         if self._tp > 1:
             ring = 2 * (self._tp - 1) / self._tp * tokens * self._act_bytes
             gpu += 2 * self._layers * (self.gpu.allreduce_latency_s + ring / self.gpu.link_bandwidth)
@@ -251,6 +259,14 @@ def weight_only(served: ModelShape, gpu: GpuProfile) -> bool:
     quantizes only the experts, whose grouped GEMMs have their own share."""
     scope = WEIGHT_FORMATS.get(served.weight_quant, (0.0, ""))[1]
     return scope == "linear" and not (served.weight_quant == "fp8" and gpu.fp8_flops)
+
+
+def marlin_experts(served: ModelShape, gpu: GpuProfile) -> bool:
+    """Does vLLM run the routed experts through Marlin's weight-only MoE kernel (MXFP4 and int4 experts, fp8 ones
+    where there are no fp8 tensor cores) rather than Triton's fused MoE? Marlin's reads keep the linear layers'
+    bandwidth share: no public table times them (``GpuProfile.expert_bandwidth_efficiency`` is Triton's)."""
+    q = served.weight_quant
+    return q in ("mxfp4", "int4") or (q == "fp8" and not gpu.fp8_flops)
 
 
 def _busiest(gpus: int, mean: float, variance: float) -> float:

@@ -80,6 +80,13 @@ class GpuProfile:
     # the share of the GEMMs' compute rate a MoE layer's grouped GEMMs over the routed experts reach (the fused
     # MoE kernels of vLLM: Triton, Marlin on Ampere); fitted where MoE points are in the fit part, else 1.0
     grouped_gemm_share: float = 1.0
+    # one fused-MoE call a MoE layer (perf.py): a fixed cost (routing, alignment, the activation, the kernels' ramp),
+    # a cost per routed expert it touches, and the share of the bandwidth Triton's fused-MoE kernel reads the experts
+    # at (None, and Marlin's kernel everywhere: the linear layers'); fitted by `scripts/bench_moe_kernels.py --fit`
+    # on public benchmark_moe.py tables of the H100
+    moe_call_s: float = 29.5e-6
+    moe_expert_s: float = 0.36e-6
+    expert_bandwidth_efficiency: float | None = None
     # the share of the GEMM compute rate the linear layers reach when their weights are quantized but the GPU
     # computes in bf16 (Marlin's W8A16 for fp8 without fp8 tensor cores, W4A16 for AWQ/GPTQ: the weights are
     # dequantized inside the GEMM); fitted where such points are in the fit part, else 1.0
@@ -137,6 +144,14 @@ HOPPER_GROUPED_GEMM = 0.325
 #   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
 #   at the bf16 rate). The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
 A100_WEIGHT_ONLY = 0.6
+# - A fused-MoE call (H100): 29.5 us fixed and 0.36 us per routed expert it touches, its expert reads at 0.92 of the
+#   bandwidth, fitted by `scripts/bench_moe_kernels.py --fit` on public benchmark_moe.py tables of the H100
+#   (Qwen3-30B-A3B fp8 and Mixtral bf16, vllm#24700; rows of up to 128 tokens, where the reads bind). At batch 1 the
+#   call takes 40-45 us where its reads alone would take 6-17 us. Every GPU takes the two costs (the same kernels);
+#   the H200 takes the read share too (the same memory system; its own table, sglang#11730, stays held out). The
+#   tables time Triton's kernel: Marlin's (MXFP4, int4, fp8 on Ampere; perf.marlin_experts) and other GPUs read
+#   experts at their linear layers' share.
+HOPPER_EXPERT_BANDWIDTH = 0.92
 GPUS: dict[str, GpuProfile] = {
     "h100-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3",
@@ -147,6 +162,7 @@ GPUS: dict[str, GpuProfile] = {
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
@@ -162,6 +178,7 @@ GPUS: dict[str, GpuProfile] = {
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1513e12,
         host_step_s=SCHEDULER_STEP_S,
         host_seq_s=H100_HOST_SEQ_S,
@@ -178,6 +195,7 @@ GPUS: dict[str, GpuProfile] = {
         attention_compute_efficiency=0.514,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
         host_step_s=SCHEDULER_STEP_S,
