@@ -68,7 +68,8 @@ def fit_call_costs(tables: list[dict[str, Any]]) -> tuple[dict[str, float], floa
 
     mine = [t for t in tables if t.get("split") == "fit" and t["gpu"] == FIT_GPU]
     base = GPUS[FIT_GPU]
-    start = {k: getattr(base, k) or base.bandwidth_efficiency for k in MOE_CALL_BOUNDS}
+    start = {"moe_call_s": base.moe_call_s, "moe_expert_s": base.moe_expert_s,
+             "expert_bandwidth_efficiency": base.expert_bandwidth_efficiency or base.bandwidth_efficiency}
 
     def loss(c: dict[str, float]) -> float:
         gpus = {**GPUS, FIT_GPU: replace(base, **c)}

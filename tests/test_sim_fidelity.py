@@ -317,3 +317,18 @@ def test_the_h100s_fused_moe_call_costs_are_what_the_fit_tables_give():
     assert best["expert_bandwidth_efficiency"] == pytest.approx(h100.expert_bandwidth_efficiency, rel=0.02)
     fit_rows = [(m, p) for t in tables if t["split"] == "fit" for n, m, p in b.predicted_us(t) if n <= b.FIT_MAX_TOKENS]
     assert len(fit_rows) >= 20 and b.mdape(fit_rows) < 0.05
+
+
+def test_the_fits_leave_out_the_per_token_cells_of_answers_a_few_tokens_long():
+    """A 4-token answer's TPOT is a burst's interleaving (GPUStack measured 208 ms and 17 ms for the same workload
+    with and without async scheduling): the fits weigh its throughput and TTFT, not its TPOT or ITL; a longer
+    answer's cells all count."""
+    b = fidelity_script()
+    cells = {"thr": (100.0, 110.0), "ttft_p50": (50.0, 40.0), "tpot_p50": (17.0, 130.0), "itl_p50": (150.0, 30.0)}
+    short = {"workload": {"input_len": 128, "output_len": 4}}
+    long = {"workload": {"input_len": 128, "output_len": 128}}
+    sharegpt = {"workload": {"dataset": "sharegpt"}}  # lengths drawn per request: every cell counts
+    rows = [b.Row(i, "h100-80gb", "m", "throughput", "fit", values=dict(cells)) for i in ("a", "b", "c")]
+    metrics = ("thr", "tpot_p50", "itl_p50")
+    assert list(b.fitted_cells([short], rows[:1], metrics)) == [cells["thr"]]
+    assert list(b.fitted_cells([long, sharegpt], rows[1:], metrics)) == 2 * [cells[k] for k in metrics]

@@ -320,7 +320,8 @@ class FrontEnd:
 # real vLLM 0.32 (CPU build, the tiny model; scripts/bench_front_end.py, bench/front_end_cpu.json: CPU seconds of
 # the API-server process over bursts of 400 streamed requests, on this project's 2-core AMD EPYC VM), taken as they
 # are: the fit part of bench/sim_calibration.toml cannot tell a faster host core from this one (`scripts/
-# bench_sim_fidelity.py --fit-front-end`: log loss 0.0170 at 1x, 0.0168 at its optimum 3.8x). The per-prompt-token
+# bench_sim_fidelity.py --fit-front-end`: log loss 0.0170 at 1x, 0.0168 at its optimum 3.8x; with the MoE points and
+# without the per-token cells of 4-token answers, 0.073 at 1x and 0.0711 at 1.81x). The per-prompt-token
 # cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had needed
 # none) and the per-token one 2.9x the fitted 37.5 us (the ceiling it sets, ~9k streamed tokens/s in one process, is
 # where Lambda's Llama-3-8B on 4 and 8 H100s plateaus). Each is the median of three rounds of bursts. latency_s is
