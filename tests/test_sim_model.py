@@ -19,7 +19,7 @@ import pytest
 from autotune.engine.failures import FailureClass, LogWatch, classify_exit
 from autotune.engine.vllm.failures import PATTERNS
 from autotune.sim.config import SimConfig
-from autotune.sim.perf import StepModel, marlin_experts, weight_only
+from autotune.sim.perf import StepModel, marlin_kernels, weight_only
 from autotune.sim.profiles import gpu_profile, model_shape
 from autotune.sim.scheduler import Request, Scheduler, StepPlan, block_hashes
 from autotune.sim.startup import plan_startup
@@ -838,7 +838,7 @@ def test_tritons_fused_moe_reads_experts_at_its_own_share_and_marlins_at_the_lin
         m = StepModel(shape, gpu, SimConfig.from_args({}, gpu, shape))
         expert = shape.loaded_expert_weights_bytes(1) / (shape.moe_layers * shape.experts)
         share = gpu.expert_bandwidth_efficiency if triton else gpu.bandwidth_efficiency
-        assert marlin_experts(shape, gpu) is not triton
+        assert marlin_kernels(shape, gpu) is not triton
         assert m.moe_layer_seconds(1) == pytest.approx(gpu.moe_call_s + 8 * (expert / (gpu.bandwidth * share)
                                                                               + gpu.moe_expert_s))
     assert H100.expert_bandwidth_efficiency > H100.bandwidth_efficiency

@@ -99,7 +99,7 @@ class StepModel:
         peak = g.fp8_flops if s.weight_quant == "fp8" and g.fp8_flops else g.bf16_flops
         self._bw = g.bandwidth * g.bandwidth_efficiency
         expert_share = g.expert_bandwidth_efficiency
-        if expert_share is None or marlin_experts(s, g):
+        if expert_share is None or marlin_kernels(s, g):
             expert_share = g.bandwidth_efficiency
         self._expert_bw = g.bandwidth * expert_share
         self._flops = peak * g.compute_efficiency * g.sustained_compute
@@ -253,20 +253,21 @@ class StepModel:
         return gpu + host + launch
 
 
-def weight_only(served: ModelShape, gpu: GpuProfile) -> bool:
-    """Are the linear layers' weights quantized while the GPU computes them in bf16 (weight-only kernels: fp8 where
-    there are no fp8 tensor cores, int4)? Then they reach ``GpuProfile.weight_only_share`` of its GEMM rate. MXFP4
-    quantizes only the experts, whose grouped GEMMs have their own share."""
-    scope = WEIGHT_FORMATS.get(served.weight_quant, (0.0, ""))[1]
-    return scope == "linear" and not (served.weight_quant == "fp8" and gpu.fp8_flops)
-
-
-def marlin_experts(served: ModelShape, gpu: GpuProfile) -> bool:
-    """Does vLLM run the routed experts through Marlin's weight-only MoE kernel (MXFP4 and int4 experts, fp8 ones
-    where there are no fp8 tensor cores) rather than Triton's fused MoE? Marlin's reads keep the linear layers'
-    bandwidth share: no public table times them (``GpuProfile.expert_bandwidth_efficiency`` is Triton's)."""
+def marlin_kernels(served: ModelShape, gpu: GpuProfile) -> bool:
+    """Does vLLM run the checkpoint's quantized weights through Marlin's weight-only kernels, dequantized inside a
+    bf16 GEMM (MXFP4 and int4, fp8 where there are no fp8 tensor cores), rather than W8A8 GEMMs and Triton's fused
+    MoE? Marlin's expert reads keep the linear layers' bandwidth share: no public table times them
+    (``GpuProfile.expert_bandwidth_efficiency`` is Triton's)."""
     q = served.weight_quant
     return q in ("mxfp4", "int4") or (q == "fp8" and not gpu.fp8_flops)
+
+
+def weight_only(served: ModelShape, gpu: GpuProfile) -> bool:
+    """Are the linear layers' weights quantized while the GPU computes them in bf16 (``marlin_kernels``)? Then they
+    reach ``GpuProfile.weight_only_share`` of its GEMM rate. MXFP4 quantizes only the experts, whose grouped GEMMs
+    have their own share."""
+    scope = WEIGHT_FORMATS.get(served.weight_quant, (0.0, ""))[1]
+    return scope == "linear" and marlin_kernels(served, gpu)
 
 
 def _busiest(gpus: int, mean: float, variance: float) -> float:

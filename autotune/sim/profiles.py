@@ -153,7 +153,7 @@ A100_WEIGHT_ONLY = 0.6
 #   (Qwen3-30B-A3B fp8 and Mixtral bf16, vllm#24700; rows of up to 128 tokens, where the reads bind). At batch 1 the
 #   call takes 40-45 us where its reads alone would take 6-17 us. Every GPU takes the two costs (the same kernels);
 #   the H200 takes the read share too (the same memory system; its own table, sglang#11730, stays held out). The
-#   tables time Triton's kernel: Marlin's (MXFP4, int4, fp8 on Ampere; perf.marlin_experts) and other GPUs read
+#   tables time Triton's kernel: Marlin's (MXFP4, int4, fp8 on Ampere; perf.marlin_kernels) and other GPUs read
 #   experts at their linear layers' share.
 HOPPER_EXPERT_BANDWIDTH = 0.934
 GPUS: dict[str, GpuProfile] = {
