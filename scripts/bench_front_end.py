@@ -2,20 +2,25 @@
 
 vllm-sim's front-end model (``autotune.sim.perf.FrontEnd``) stands for the CPU work of vLLM's one API-server
 process, which a faster GPU does not shorten: ``request_s`` per request (HTTP, JSON, the chat template, request
-setup), ``prompt_token_s`` per prompt token (tokenization) and ``output_token_s`` per streamed token
-(detokenization, the SSE chunk). This script measures them where they run here: one real ``vllm serve`` of the
-tiny local model (scripts/build_tiny_model.py), bursts of ``--requests`` streamed requests sent at once, and the
-API-server process's CPU seconds over each burst (``vllm serve``'s main process; the engine core and its worker
-are its children and are not counted). Three completion bursts separate the three costs (a short prompt and one
-output token; a long prompt; many output tokens) and a chat burst adds the chat template's; ``--repeats`` rounds
-of the four, each burst's median round counting.
+setup), ``prompt_token_s`` per prompt token (tokenization), ``output_token_s`` per output token (detokenization)
+and ``chunk_s`` per SSE chunk (the response object, its JSON, the write). This script measures them where they run
+here: one real ``vllm serve`` of the tiny local model (scripts/build_tiny_model.py), bursts of ``--requests``
+streamed requests sent at once, and the API-server process's CPU seconds over each burst (``vllm serve``'s main
+process; the engine core and its worker are its children and are not counted). Three completion bursts separate the
+three costs (a short prompt and one output token; a long prompt; many output tokens) and a chat burst adds the chat
+template's; ``--repeats`` rounds of the four, each burst's median round counting. A second server, started with
+``--stream-interval``, runs the long-output burst again: the same tokens in fewer SSE chunks (the client counts
+them), which splits a streamed token's cost into the per-token and the per-chunk part.
 
 The burst's requests/s here is not the API server's ceiling: on two shared cores the engine's own CPU forward
 and this script's client take most of the time, which is why the CPU seconds, not the wall time, are the
 measurement. CPU time carries to another host in proportion to single-core speed: the script prints this host's
 CPU model and a pure-Python reference loop's time. Rerun:
 
-    .venv/bin/python scripts/bench_front_end.py --json bench/front_end_cpu.json     # ~7 min on 2 cores
+    .venv/bin/python scripts/bench_front_end.py --repeats 5 --output-tokens 128 --stream-interval 16 \
+        --json bench/front_end_cpu_xeon.json     # ~8 min on 2 cores
+
+(bench/front_end_cpu.json is an earlier run, on another host, before the second server.)
 
 Needs scripts/install_cpu.sh's vLLM beside the interpreter.
 """
@@ -68,7 +73,8 @@ def iteration_steps(url: str) -> float:
     raise RuntimeError("vllm:iteration_tokens_total not found in /metrics")
 
 
-async def _one(client: httpx.AsyncClient, url: str, chat: bool, max_tokens: int, prompt: str) -> None:
+async def _one(client: httpx.AsyncClient, url: str, chat: bool, max_tokens: int, prompt: str) -> int:
+    """Stream one request to its end; the SSE chunks that carried it (``data:`` events other than ``[DONE]``)."""
     body: dict = {"model": "tiny", "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -79,23 +85,22 @@ async def _one(client: httpx.AsyncClient, url: str, chat: bool, max_tokens: int,
         if r.status_code != 200:
             await r.aread()
             raise RuntimeError(f"{path}: {r.status_code} {r.text[:400]}")
-        async for _ in r.aiter_lines():
-            pass
+        return sum([line.startswith("data:") and line != "data: [DONE]" async for line in r.aiter_lines()])
 
 
-async def burst(url: str, n: int, concurrency: int, chat: bool, max_tokens: int, prompt: str) -> float:
-    """Send ``n`` requests, at most ``concurrency`` at once; the wall seconds."""
+async def burst(url: str, n: int, concurrency: int, chat: bool, max_tokens: int, prompt: str) -> tuple[float, int]:
+    """Send ``n`` requests, at most ``concurrency`` at once; the wall seconds and the SSE chunks received."""
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def go() -> None:
+        async def go() -> int:
             async with sem:
-                await _one(client, url, chat, max_tokens, prompt)
+                return await _one(client, url, chat, max_tokens, prompt)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(go() for _ in range(n)))
-        return time.perf_counter() - t0
+        chunks = await asyncio.gather(*(go() for _ in range(n)))
+        return time.perf_counter() - t0, sum(chunks)
 
 
 def prompt_tokens(url: str, prompt: str) -> int:
@@ -118,7 +123,7 @@ def measure(
     me = psutil.Process()
     a0, c0, s0 = cpu_s(api), cpu_s(core), iteration_steps(url)
     w0, m0 = sum(cpu_s(w) for w in workers), cpu_s(me)
-    wall = asyncio.run(burst(url, n, concurrency, chat, max_tokens, prompt))
+    wall, chunks = asyncio.run(burst(url, n, concurrency, chat, max_tokens, prompt))
     a1, c1, s1 = cpu_s(api), cpu_s(core), iteration_steps(url)
     w1, m1 = sum(cpu_s(w) for w in workers), cpu_s(me)
     steps = s1 - s0
@@ -128,6 +133,7 @@ def measure(
         "requests": n,
         "concurrency": concurrency,
         "max_tokens": max_tokens,
+        "chunks_per_request": round(chunks / n, 2),
         "wall_s": round(wall, 3),
         "requests_per_s": round(n / wall, 1),
         "api_server_cpu_ms_per_request": round(1000 * (a1 - a0) / n, 3),
@@ -139,7 +145,7 @@ def measure(
     }
 
 
-def start_vllm(model: Path, port: int, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_vllm(model: Path, port: int, workdir: Path, stream_interval: int = 1) -> tuple[subprocess.Popen, str]:
     vllm = Path(sys.executable).parent / "vllm"
     if not vllm.exists():
         sys.exit(f"bench_front_end: real vLLM is not installed beside {sys.executable}: run scripts/install_cpu.sh")
@@ -160,6 +166,8 @@ def start_vllm(model: Path, port: int, workdir: Path) -> tuple[subprocess.Popen,
         "256",
         "--max-num-batched-tokens",
         "8192",
+        "--stream-interval",
+        str(stream_interval),
     ]
     log = open(workdir / "vllm.log", "w")  # noqa: SIM115 -- the server's lifetime, closed at exit
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,6 +186,41 @@ def start_vllm(model: Path, port: int, workdir: Path) -> tuple[subprocess.Popen,
     sys.exit("bench_front_end: vLLM did not become healthy in 600 s")
 
 
+def serve_rounds(
+    model: Path,
+    port: int,
+    work: Path,
+    stream_interval: int,
+    bursts: dict[str, tuple[int, bool, int, int]],
+    repeats: int,
+) -> list[dict[str, dict]]:
+    """Start one ``vllm serve`` and run ``repeats`` rounds of ``bursts`` against it; one {name: row} per round."""
+    proc, url = start_vllm(model, port, work, stream_interval)
+    try:
+        api = psutil.Process(proc.pid)
+        cores = [c for c in api.children(recursive=True) if "EngineCore" in " ".join([*c.cmdline(), c.name()])]
+        if len(cores) != 1:
+            sys.exit(f"bench_front_end: expected one EngineCore process under {proc.pid}, found {len(cores)}")
+        core = cores[0]
+        workers = [
+            c
+            for c in api.children(recursive=True)
+            if c.pid != core.pid and "Worker" in " ".join([*c.cmdline(), c.name()])
+        ]
+        asyncio.run(burst(url, 32, 32, True, 4, SENTENCE))  # warm-up: compile, first-request paths
+        # rounds of every burst in turn, so that a drift of the shared host's speed touches each alike
+        return [
+            {
+                name: measure(url, api, core, workers, k, k, chat, out, sents)
+                for name, (k, chat, out, sents) in bursts.items()
+            }
+            for _ in range(repeats)
+        ]
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400, help="requests per burst (default 400)")
@@ -186,6 +229,12 @@ def main() -> int:
     )
     ap.add_argument("--repeats", type=int, default=3, help="rounds of the four bursts; the median counts (default 3)")
     ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument(
+        "--stream-interval",
+        type=int,
+        default=8,
+        help="vLLM's --stream-interval for the second long-output burst (default 8)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows and the fitted figures here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
@@ -197,44 +246,40 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         ref = reference_loop_s()
-        proc, url = start_vllm(model, a.port, work)
-        try:
-            api = psutil.Process(proc.pid)
-            cores = [c for c in api.children(recursive=True) if "EngineCore" in " ".join([*c.cmdline(), c.name()])]
-            if len(cores) != 1:
-                sys.exit(f"bench_front_end: expected one EngineCore process under {proc.pid}, found {len(cores)}")
-            core = cores[0]
-            workers = [
-                c
-                for c in api.children(recursive=True)
-                if c.pid != core.pid and "Worker" in " ".join([*c.cmdline(), c.name()])
-            ]
-            asyncio.run(burst(url, 32, 32, True, 4, SENTENCE))  # warm-up: compile, first-request paths
-            n = a.requests
-            bursts = {  # name: (requests, chat, max_tokens, sentences)
-                "short": (n, False, 1, SHORT),
-                "long prompt": (n, False, 1, LONG),
-                "long output": (n // 4, False, a.output_tokens, SHORT),
-                "chat": (n, True, 1, SHORT),
-            }
-            # rounds of every burst in turn, so that a drift of the shared host's speed touches each alike
-            rounds = [
-                {
-                    name: measure(url, api, core, workers, k, k, chat, out, sents)
-                    for name, (k, chat, out, sents) in bursts.items()
-                }
-                for _ in range(a.repeats)
-            ]
-        finally:
-            os.killpg(proc.pid, 15)
-            proc.wait(60)
+        n = a.requests
+        bursts = {  # name: (requests, chat, max_tokens, sentences)
+            "short": (n, False, 1, SHORT),
+            "long prompt": (n, False, 1, LONG),
+            "long output": (n // 4, False, a.output_tokens, SHORT),
+            "chat": (n, True, 1, SHORT),
+        }
+        rounds = serve_rounds(model, a.port, work, 1, bursts, a.repeats)
+        # the long-output burst again with --stream-interval: the same tokens in fewer SSE chunks, which separates
+        # what a streamed chunk costs from what a token costs (vLLM V1 merges a request's tokens into one chunk
+        # the same way when the API server falls behind the engine: RequestOutputCollector)
+        coalesced = {"long output, interval": (n // 4, False, a.output_tokens, SHORT)}
+        for r, extra in zip(
+            rounds, serve_rounds(model, a.port, work, a.stream_interval, coalesced, a.repeats), strict=True
+        ):
+            r.update(extra)
     ms = "api_server_cpu_ms_per_request"
     # each burst's round with the median CPU per request
     rows = {name: sorted((r[name] for r in rounds), key=lambda row: row[ms])[len(rounds) // 2] for name in rounds[0]}
-    short, long_prompt, long_output, chat = rows.values()
+    short, long_prompt, long_output, chat, coalesced = rows.values()
     prompt_token_ms = (long_prompt[ms] - short[ms]) / (long_prompt["prompt_tokens"] - short["prompt_tokens"])
-    output_token_ms = (long_output[ms] - short[ms]) / (long_output["max_tokens"] - short["max_tokens"])
-    request_ms = short[ms] - prompt_token_ms * short["prompt_tokens"] - output_token_ms * short["max_tokens"]
+    # a streamed request costs request + tokens x token + chunks x chunk: the two long-output bursts differ only
+    # in chunks, the short and the long output in both
+    chunk_ms = (long_output[ms] - coalesced[ms]) / (long_output["chunks_per_request"] - coalesced["chunks_per_request"])
+    output_token_ms = (
+        long_output[ms] - short[ms] - chunk_ms * (long_output["chunks_per_request"] - short["chunks_per_request"])
+    ) / (long_output["max_tokens"] - short["max_tokens"])
+    request_ms = (
+        short[ms]
+        - prompt_token_ms * short["prompt_tokens"]
+        - output_token_ms * short["max_tokens"]
+        - chunk_ms * short["chunks_per_request"]
+    )
+    streamed_token_ms = (long_output[ms] - short[ms]) / (long_output["max_tokens"] - short["max_tokens"])
     result = {
         "host": {
             "cpu": _cpu_model(),
@@ -250,22 +295,28 @@ def main() -> int:
             "chat_request_s": round((chat[ms] - short[ms] + request_ms) / 1000, 7),
             "prompt_token_s": round(prompt_token_ms / 1000, 9),
             "output_token_s": round(output_token_ms / 1000, 8),
+            "chunk_s": round(chunk_ms / 1000, 8),
+            # a token streamed in its own chunk: output_token_s + chunk_s, as one figure (FrontEnd before chunks)
+            "streamed_token_s": round(streamed_token_ms / 1000, 8),
         },
     }
     print(f"host: {result['host']['cpu']}, reference loop {ref:.3f} s; vLLM {result['vllm']}")
     print(
-        f"{'burst':<12} {'requests':>8} {'prompt':>6} {'out':>4} {'req/s':>7} {'API CPU ms/req':>15} "
+        f"{'burst':<22} {'requests':>8} {'prompt':>6} {'out':>4} {'chunks':>6} {'req/s':>7} {'API CPU ms/req':>15} "
         f"{'engine CPU s':>13} {'worker CPU s':>13} {'client CPU s':>13}"
     )
     for name, r in rows.items():
         print(
-            f"{name:<12} {r['requests']:>8} {r['prompt_tokens']:>6} {r['max_tokens']:>4} {r['requests_per_s']:>7} "
+            f"{name:<22} {r['requests']:>8} {r['prompt_tokens']:>6} {r['max_tokens']:>4} {r['chunks_per_request']:>6} "
+            f"{r['requests_per_s']:>7} "
             f"{r[ms]:>15} {r['engine_core_cpu_s']:>13} {r['worker_cpu_s']:>13} {r['client_cpu_s']:>13}"
         )
     fe = result["api_server"]
     print(
         f"API server per request {1000 * fe['request_s']:.2f} ms (chat {1000 * fe['chat_request_s']:.2f} ms), "
-        f"per prompt token {1e6 * fe['prompt_token_s']:.2f} us, per streamed token {1e6 * fe['output_token_s']:.1f} us"
+        f"per prompt token {1e6 * fe['prompt_token_s']:.2f} us, per output token {1e6 * fe['output_token_s']:.1f} us "
+        f"and per SSE chunk {1e6 * fe['chunk_s']:.1f} us "
+        f"(a token in its own chunk: {1e6 * fe['streamed_token_s']:.1f} us)"
     )
     if a.json:
         a.json.write_text(json.dumps(result, indent=1) + "\n")

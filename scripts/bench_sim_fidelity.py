@@ -312,7 +312,9 @@ def run_point(point: dict[str, Any], gpus: dict[str, GpuProfile] | None = None,
     put("tpot_p50", "tpot_median_ms", s.tpot.p50)
     put("tpot_mean", "tpot_mean_ms", s.tpot.mean)
     if point["source_id"] != "lambda-vllm-benchmark":  # Lambda's ITL is per ~10-token chunk
-        put("itl_p50", "itl_median_ms", s.itl.p50)
+        # vllm bench serve times one gap per SSE chunk: the tokens a chunk carried after its first arrive with it
+        gaps = [g for r in p.outcome.steps[-1].results for g in r.itl if g > 0]
+        put("itl_p50", "itl_median_ms", float(np.median(gaps)) if gaps else None)
     put("e2e", "e2e_median_ms", s.e2e.p50)
     if "batch_latency_median_ms" in m:
         put("e2e", "batch_latency_median_ms", max(r.e2e or 0.0 for r in p.outcome.steps[-1].results))
@@ -556,7 +558,8 @@ def fit_front_end(points: list[dict[str, Any]], gpus: dict[str, GpuProfile] | No
 
     def front_end(c: dict[str, float]) -> FrontEnd:
         m, speed = MEASURED_API_SERVER, c["host_speed"]
-        return FrontEnd(m.request_s / speed, m.prompt_token_s / speed, m.output_token_s / speed, c["latency_s"])
+        return replace(m, request_s=m.request_s / speed, prompt_token_s=m.prompt_token_s / speed,
+                       output_token_s=m.output_token_s / speed, chunk_s=m.chunk_s / speed, latency_s=c["latency_s"])
 
     def loss(c: dict[str, float]) -> float:
         return log_loss(fitted_cells(mine, run(mine, gpus, front_end(c)), metrics))

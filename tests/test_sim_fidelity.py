@@ -134,9 +134,9 @@ def test_the_script_refuses_unknown_points():
     assert r.returncode == 2 and "unknown point ids: no-such-point" in r.stderr
 
 
-def _engine(gpu, front_end=None):
+def _engine(gpu, front_end=None, era="v1"):
     shape = model_shape("llama-3.1-8b")
-    config = SimConfig.from_args({"max_model_len": 8192}, gpu, shape)
+    config = replace(SimConfig.from_args({"max_model_len": 8192}, gpu, shape), era=era)
     return SimEngine.start(shape, gpu, config, front_end=front_end)
 
 
@@ -177,10 +177,52 @@ def test_the_api_servers_floor_adds_to_ttft_and_its_serialized_costs_queue():
     burst = Workload(tuple(Request(arrival_s=0.0, output_tokens=4, prompt_tokens=100) for _ in range(20)), "burst")
     queued = simulate(_engine(gpu, FrontEnd(request_s=0.01, prompt_token_s=1e-4)), burst)
     assert max(r.ttft for r in queued) >= 20 * (0.01 + 100 * 1e-4)
-    slow_out = simulate(_engine(gpu, FrontEnd(output_token_s=0.002)), burst)
     fast_out = simulate(_engine(gpu), burst)
-    # every step's 20 tokens cost 40 ms in the API server: the client sees them that far apart
-    assert summarize(slow_out).tpot.p50 >= 0.04 > summarize(fast_out).tpot.p50
+    # V0 streams token by token: every step's 20 tokens cost 40 ms in the API server, the client sees them that
+    # far apart
+    slow_v0 = simulate(_engine(gpu, FrontEnd(output_token_s=0.002), era="v0"), burst)
+    assert summarize(slow_v0).tpot.p50 >= 0.04 > summarize(fast_out).tpot.p50
+    # V1 merges tokens into fewer chunks, but each token's own cost still passes through the one process
+    slow_v1 = simulate(_engine(gpu, FrontEnd(output_token_s=0.002)), burst)
+    assert max(r.e2e for r in slow_v1) >= 80 * 0.002 > max(r.e2e for r in fast_out)
+
+
+def test_a_v1_api_server_that_falls_behind_sends_the_tokens_that_waited_in_one_chunk_a_request():
+    token, chunk = 1e-5, 1e-4
+    fe = FrontEnd(output_token_s=token, chunk_s=chunk)
+    # idle: a step's tokens go out at once, one chunk each, one after the other
+    assert fe.deliver(0.0, [("a", "a1"), ("b", "b1")]) == [("a1", pytest.approx(token + chunk)),
+                                                          ("b1", pytest.approx(2 * (token + chunk)))]
+    # two more steps end while the process is busy: their tokens wait
+    assert fe.deliver(1e-4, [("a", "a2"), ("b", "b2")]) == []
+    assert fe.deliver(1.5e-4, [("a", "a3"), ("b", "b3")]) == []
+    # the next step finds the process free: the waiting round runs, a request's two tokens in one chunk
+    busy = 2 * (token + chunk)
+    done = fe.deliver(3e-4, [("a", "a4")])
+    assert done == [("a2", pytest.approx(busy + 2 * token + chunk)), ("a3", pytest.approx(busy + 2 * token + chunk)),
+                    ("b2", pytest.approx(busy + 4 * token + 2 * chunk)),
+                    ("b3", pytest.approx(busy + 4 * token + 2 * chunk))]
+    assert fe.flush() == [("a4", pytest.approx(busy + 5 * token + 3 * chunk))]
+    # V0 sends every token in its own chunk, in the order the steps made them
+    v0 = fe.reset(merge=False)
+    v0.deliver(0.0, [("a", "a1"), ("b", "b1")])
+    v0.deliver(1e-4, [("a", "a2"), ("b", "b2")])
+    v0.deliver(1.5e-4, [("a", "a3"), ("b", "b3")])
+    assert [t for t, _ in v0.flush()] == ["a2", "b2", "a3", "b3"]
+    assert v0.free_s == pytest.approx(6 * (token + chunk))
+
+
+def test_merged_chunks_lift_the_api_servers_ceiling_on_streamed_tokens():
+    gpu = GPUS["h100-80gb"]
+    burst = Workload(tuple(Request(arrival_s=0.0, output_tokens=64, prompt_tokens=100) for _ in range(200)), "burst")
+    fe = FrontEnd(output_token_s=1e-5, chunk_s=5e-4)
+    ceiling = 1 / (fe.output_token_s + fe.chunk_s)  # tokens a second, one chunk each
+    v0 = summarize(simulate(_engine(gpu, fe, era="v0"), burst))
+    v1 = summarize(simulate(_engine(gpu, fe), burst))
+    engine_alone = summarize(simulate(_engine(gpu), burst))
+    assert v0.output_throughput <= ceiling * 1.001
+    assert v1.output_throughput > 2 * ceiling
+    assert v1.output_throughput < engine_alone.output_throughput
 
 
 def test_a_v0_engine_keeps_its_cuda_graphs_outside_the_kv_budget():

@@ -50,7 +50,7 @@ FITTED: dict[str, tuple[float, float]] = {
     "latency_s": (1e-3, 1.0),  # the API server's (perf.FrontEnd)
     "output_token_s": (1e-7, 1e-3),
 }
-FRONT_END = {f.name for f in fields(FrontEnd)} - {"free_s"}
+FRONT_END = {f.name for f in fields(FrontEnd)} - {"free_s", "unsent", "merge"}
 WARMUP = 4  # as the simulator's capacity predictions (rank.py) and the replay client warm up
 
 
@@ -82,7 +82,7 @@ class Calibration:
         return _gpu_with(GPUS[self.profile], self.constants)
 
     def front_end(self) -> FrontEnd:
-        return replace(API_SERVER, **{k: v for k, v in self.constants.items() if k in FRONT_END})
+        return _front_end_with(API_SERVER, self.constants)
 
     def describe(self) -> str:
         return (
@@ -96,6 +96,12 @@ class Calibration:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Calibration:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def _front_end_with(fe: FrontEnd, constants: Mapping[str, float]) -> FrontEnd:
+    """``fe`` with the fitted constants that are the API server's."""
+    mine: dict[str, Any] = {k: v for k, v in constants.items() if k in FRONT_END}
+    return replace(fe, **mine)
 
 
 def _gpu_with(base: GpuProfile, constants: Mapping[str, float]) -> GpuProfile:
@@ -179,7 +185,7 @@ def calibrate(
 
     def loss(c: Mapping[str, float]) -> float:
         gpu = _gpu_with(base, c)
-        front = replace(fe, **{k: v for k, v in c.items() if k in FRONT_END})
+        front = _front_end_with(fe, c)
         return log_loss(_pairs(steps, lambda st: step_metrics(shape, gpu, front, st.values, workload(st.load))))
 
     now = {**asdict(base), **asdict(fe)}

@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from autotune.engine.model import WEIGHT_FORMATS, ModelShape
 from autotune.sim.config import SimConfig, capture_sizes
@@ -55,6 +57,8 @@ from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import StepPlan
 
 __all__ = ["StepModel"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -283,21 +287,33 @@ class FrontEnd:
     One process serves every request (``vllm serve`` runs one API server by default), so its
     work is serialized: a request costs ``request_s`` (HTTP, JSON, the chat template, request
     setup) plus ``prompt_token_s`` per prompt token (tokenization) before the engine core gets
-    it, and every step's outputs cost ``output_token_s`` per token (detokenization, the SSE
-    chunk) before the client sees them. ``latency_s`` is the part of the path that is not
-    serialized (the client, the socket, the ZMQ hop to the engine core): a floor under TTFT.
-    Under a burst the serialized costs queue, which is the front-end's own throughput ceiling.
+    it, and every step's outputs cost ``output_token_s`` per token (detokenization, the step's
+    output record) and ``chunk_s`` per SSE chunk (the response object, its JSON, the write)
+    before the client sees them. ``latency_s`` is the part of the path that is not serialized
+    (the client, the socket, the ZMQ hop to the engine core): a floor under TTFT. Under a burst
+    the serialized costs queue, which is the front-end's own throughput ceiling.
 
-    ``admit`` and ``deliver`` advance the process's clock (``free_s``): the one model the
-    virtual-time engine (virtual.py) and the HTTP server's engine (realtime.py) both apply.
-    The constants are measured on real vLLM (``API_SERVER`` below, scripts/bench_front_end.py), the floor fitted.
+    Outputs go out in rounds (``deliver``): the steps that end while the process is busy wait,
+    and it then takes them all at once. With ``merge`` (vLLM V1's ``RequestOutputCollector``,
+    vllm#12298) a request's tokens in one round travel in one chunk, so a process that falls
+    behind the engine pays ``chunk_s`` once for several tokens; V0 sends every token in a chunk
+    of its own.
+
+    ``admit`` and ``deliver`` advance the process's clock (``free_s``): ``admit`` is the model
+    the virtual-time engine (virtual.py) and the HTTP server's engine (realtime.py) both apply,
+    ``deliver`` the virtual-time engine's alone. The constants are measured on real vLLM
+    (``API_SERVER`` below, scripts/bench_front_end.py), the floor fitted.
     """
 
     request_s: float = 0.0
     prompt_token_s: float = 0.0
     output_token_s: float = 0.0
+    chunk_s: float = 0.0
     latency_s: float = 0.0
+    merge: bool = True
     free_s: float = 0.0  # when the process is next idle
+    # the outputs that wait for the next round
+    waiting: list[tuple[Hashable, Any]] = field(default_factory=list, init=False, repr=False)
 
     def admit(self, now: float, prompt_tokens: int) -> float:
         """When a request that reached the server at ``now`` reaches the engine core."""
@@ -305,16 +321,47 @@ class FrontEnd:
         self.free_s = start + self.request_s + self.prompt_token_s * prompt_tokens
         return self.free_s + self.latency_s
 
-    def deliver(self, now: float, tokens: int) -> float:
-        """When a step that ended at ``now`` with ``tokens`` new tokens has them at the client."""
-        if not self.output_token_s:
-            return now
-        start = max(now, self.free_s)
-        self.free_s = start + self.output_token_s * tokens
-        return self.free_s
+    def deliver(self, now: float, outputs: Sequence[tuple[Hashable, T]]) -> list[tuple[T, float]]:
+        """Hand the process a step's new tokens, one ``(request, token)`` each, at the step's end ``now``. Returns
+        the tokens whose time at the client is now known, with that time: this step's if the process was idle,
+        else those of a round that has started since (``flush`` ends the last round)."""
+        if not (self.output_token_s or self.chunk_s):
+            return [(token, now) for _, token in outputs]
+        done = []
+        if self.waiting and now >= self.free_s:
+            done = self.flush()
+        if now >= self.free_s:
+            self.free_s = now
+            return done + self._round(outputs)
+        self.waiting.extend(outputs)
+        return done
 
-    def reset(self) -> FrontEnd:
-        return FrontEnd(self.request_s, self.prompt_token_s, self.output_token_s, self.latency_s)
+    def flush(self) -> list[tuple[Any, float]]:
+        """Run the round of the outputs that are waiting; their tokens with their times at the client."""
+        outputs, self.waiting = self.waiting, []
+        return self._round(outputs)
+
+    def _round(self, outputs: Sequence[tuple[Hashable, T]]) -> list[tuple[T, float]]:
+        """One round from ``free_s``. Merged: request by request in order, its tokens' detokenization and one
+        chunk. Otherwise each token in its own chunk, in the order the steps made them."""
+        done, t = [], self.free_s
+        if not self.merge:
+            for _, token in outputs:
+                t += self.output_token_s + self.chunk_s
+                done.append((token, t))
+        else:
+            by_request: dict[Hashable, list[T]] = {}
+            for request, token in outputs:
+                by_request.setdefault(request, []).append(token)
+            for tokens in by_request.values():
+                t += self.output_token_s * len(tokens) + self.chunk_s
+                done += [(token, t) for token in tokens]
+        self.free_s = t
+        return done
+
+    def reset(self, merge: bool | None = None) -> FrontEnd:
+        """This front end idle, with nothing waiting (and ``merge`` if given)."""
+        return replace(self, free_s=0.0, merge=self.merge if merge is None else merge)
 
 
 # vLLM's API server: what its one process spends per request, per prompt token and per streamed token, measured on
@@ -324,9 +371,12 @@ class FrontEnd:
 # bench_sim_fidelity.py --fit-front-end`: log loss 0.0170 at 1x, 0.0168 at its optimum 3.8x; with the MoE points and
 # without the per-token cells of 4-token answers, 0.073 at 1x and 0.0711 at 1.81x). The per-prompt-token
 # cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had needed
-# none) and the per-token one 2.9x the fitted 37.5 us (the ceiling it sets, ~9k streamed tokens/s in one process, is
-# where Lambda's Llama-3-8B on 4 and 8 H100s plateaus). Each is the median of three rounds of bursts. latency_s is
-# the path outside that process (the client, the socket, the hop to the engine core), a floor under TTFT fitted on
-# the fit part's V1 low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8; bench/sim_fidelity.md).
-MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=109e-6)
+# none). A token streamed in its own chunk costs 109 us there (2.9x the 37.5 us fitted before); a second run of the
+# script, with its long-output burst also under --stream-interval 16 (bench/front_end_cpu_xeon.json, a core 1.6x
+# faster by the script's reference loop, where the whole was 46 us), splits it into 32.6 % per token (15.5 us:
+# detokenization, the step's output record) and 67.4 % per SSE chunk (32.1 us): 35.5 + 73.5 us here. Each figure
+# is the median of the rounds of bursts. latency_s is the path outside that process (the client, the socket, the
+# hop to the engine core), a floor under TTFT fitted on the fit part's V1 low-load points (gpustack Qwen3-8B/H100
+# at concurrency 1-8; bench/sim_fidelity.md).
+MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=35.5e-6, chunk_s=73.5e-6)
 API_SERVER = replace(MEASURED_API_SERVER, latency_s=0.050)

@@ -176,7 +176,8 @@ def _run(
         last.append(0.0)
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
-    fe = engine.front_end.reset() if engine.front_end is not None else None
+    # V0 streams each token in a chunk of its own; V1 merges a request's tokens while its last chunk is unsent
+    fe = engine.front_end.reset(merge=engine.config.era != "v0") if engine.front_end is not None else None
     admits: list[tuple[float, int]] = []  # (when the API server hands it to the engine, request)
 
     def send(i: int, at: float) -> None:
@@ -191,8 +192,30 @@ def _run(
         else:
             heapq.heappush(admits, (fe.admit(at, reqs[i].prompt_len), i))
 
+    def record(tokens: list[tuple[tuple[int, int, bool], float]], now: float) -> None:
+        """Each (request, its n-th token, whether its last) with when its client has it."""
+        nonlocal in_flight
+        freed: list[float] = []  # when a finished request's last token reached its client
+        for (i, n, finished), at in tokens:
+            res = results[i]
+            t = at - reqs[i].arrival_s
+            if n == 1:
+                res.ttft = t
+            elif keep_itl:
+                res.itl.append(t - last[i])
+            last[i] = t
+            if finished:
+                res.success = True
+                res.e2e = res.elapsed = t
+                res.output_tokens = n
+                in_flight -= 1
+                freed.append(at)
+        freed.sort()
+        while held and in_flight < (max_concurrency or 0):
+            send(held.popleft(), freed.pop(0) if freed else now)
+
     now = 0.0
-    while arrivals or admits or sched.has_work:
+    while arrivals or admits or sched.has_work or (fe is not None and fe.waiting):
         while arrivals and arrivals[0][0] <= now:
             t, i = heapq.heappop(arrivals)
             if max_concurrency is not None and (held or in_flight >= max_concurrency):
@@ -202,7 +225,10 @@ def _run(
         while admits and admits[0][0] <= now:
             sched.add(reqs[heapq.heappop(admits)[1]])
         if not sched.has_work:
-            now = min(q[0][0] for q in (arrivals, admits) if q)
+            if fe is not None and fe.waiting:  # the engine is idle: the API server's last round goes out
+                record(fe.flush(), now)
+            elif arrivals or admits:
+                now = min(q[0][0] for q in (arrivals, admits) if q)
             continue
         plan = sched.schedule(now)
         if not plan:
@@ -210,24 +236,13 @@ def _run(
         now += engine.step_model.step_seconds(plan)
         if on_step is not None:
             on_step(now, plan.num_tokens)
-        produced = sched.finish_step(plan)
-        seen = now if fe is None else fe.deliver(now, len(produced))  # when the client has the tokens
-        for req in produced:
-            i = int(req.id[len(tag) :])
-            res = results[i]
-            t = seen - req.arrival_s
-            if req.num_output == 1:
-                res.ttft = t
-            elif keep_itl:
-                res.itl.append(t - last[i])
-            last[i] = t
-            if req.finished:
-                res.success = True
-                res.e2e = res.elapsed = t
-                res.output_tokens = req.num_output
-                in_flight -= 1
-        while held and in_flight < (max_concurrency or 0):
-            send(held.popleft(), seen)
+        produced = [(int(req.id[len(tag) :]), req.num_output, req.finished) for req in sched.finish_step(plan)]
+        record(
+            [(token, now) for token in produced]
+            if fe is None
+            else fe.deliver(now, [(token[0], token) for token in produced]),
+            now,
+        )
     return results
 
 
