@@ -50,7 +50,7 @@ FITTED: dict[str, tuple[float, float]] = {
     "latency_s": (1e-3, 1.0),  # the API server's (perf.FrontEnd)
     "output_token_s": (1e-7, 1e-3),
 }
-FRONT_END = {f.name for f in fields(FrontEnd)} - {"free_s", "unsent", "merge"}
+FRONT_END = {f.name for f in fields(FrontEnd)} - {"free_s", "waiting", "merge"}
 WARMUP = 4  # as the simulator's capacity predictions (rank.py) and the replay client warm up
 
 
