@@ -110,21 +110,23 @@ class _Shares(TypedDict):
 #   flash attention (SDPA, GQA) at long prompts and decode attention's reads of the KV cache. Their host
 #   share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host h100-80gb` on the
 #   fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4 replayed with the
-#   per-request lengths Lambda saved; bench/sim_fidelity.md): no fixed cost per step is left once the GEMMs take
-#   what they measure (V1 overlaps it with the GPU), only a cost per scheduled sequence, 12.5 us. The H200 takes
-#   it (the same vLLM on a host CPU).
+#   per-request lengths Lambda saved, gpt-oss-20b's groups; bench/sim_fidelity.md): no fixed cost per step is left
+#   once the GEMMs take what they measure (V1 overlaps it with the GPU), only a cost per scheduled sequence. The
+#   H200 takes it (the same vLLM on a host CPU).
 # - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
 #   Llama-3 8B); no A100 was measured.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # - Host per step (H100, H200): vLLM's own scheduler's fixed cost, measured on real vLLM (scripts/bench_scheduler.py,
 #   bench/scheduler_cpu.json: 40 us + 17 us per running request a decode step on this project's VM; the per-request
-#   part is inside the fitted host_seq_s, which also holds the worker's input preparation and sampling: 12.5 us on a
-#   GPU host's faster core. It was 28 us while Lambda's runs were replayed with log-normal lengths. Since the fits
-#   leave out the per-token cells of 4-token answers, the fit part, gpt-oss-20b's points among it, gives 31 us with
-#   no fixed cost at log loss 0.0418, against 0.0431 here: flat, so the measured fixed cost and 12.5 us stay).
+#   part is inside the fitted host_seq_s, which also holds the worker's input preparation and sampling). The
+#   per-sequence cost is 37.5 us, fitted with the measured 40 us fixed (a 1-D fit of host_seq_s on the fit part's
+#   H100 points; --fit-host, both free, gives 0 and 37.5 us): log loss 0.0383 at the 12.5 us it was -> 0.0142. It
+#   had been flat (31 us at 0.0418 against 0.0431) while the API server's per-token ceiling capped the large
+#   batches; since V1's merged chunks lift that ceiling (perf.FrontEnd), those batches show the host's cost.
+#   Earlier values: 28 us (Lambda replayed with log-normal lengths), 12.5 us.
 # The other GPUs keep the defaults (no calibration point, no measurement).
 SCHEDULER_STEP_S = 40e-6
-H100_HOST_SEQ_S = 12.5e-6
+H100_HOST_SEQ_S = 37.5e-6
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
     "compute_efficiency": 0.712,
