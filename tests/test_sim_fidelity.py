@@ -190,19 +190,21 @@ def test_the_api_servers_floor_adds_to_ttft_and_its_serialized_costs_queue():
 def test_a_v1_api_server_that_falls_behind_sends_the_tokens_that_waited_in_one_chunk_a_request():
     token, chunk = 1e-5, 1e-4
     fe = FrontEnd(output_token_s=token, chunk_s=chunk)
-    # idle: a step's tokens go out at once, one chunk each, one after the other
-    assert fe.deliver(0.0, [("a", "a1"), ("b", "b1")]) == [("a1", pytest.approx(token + chunk)),
-                                                          ("b1", pytest.approx(2 * (token + chunk)))]
-    # two more steps end while the process is busy: their tokens wait
+    # idle: a step's tokens are detokenized, then each request's stream sends its chunk
+    assert fe.deliver(0.0, [("a", "a1"), ("b", "b1")]) == [("a1", pytest.approx(2 * token + chunk)),
+                                                          ("b1", pytest.approx(2 * token + 2 * chunk))]
+    # two more steps end while the process is busy: its next yield takes them both
+    busy = 2 * (token + chunk)
     assert fe.deliver(1e-4, [("a", "a2"), ("b", "b2")]) == []
     assert fe.deliver(1.5e-4, [("a", "a3"), ("b", "b3")]) == []
-    # the next step finds the process free: the waiting round runs, a request's two tokens in one chunk
-    busy = 2 * (token + chunk)
+    # the handler runs them back to back without yielding, so each request's two tokens leave in one chunk; the
+    # step that ended after that yield waits for the next
     done = fe.deliver(3e-4, [("a", "a4")])
-    assert done == [("a2", pytest.approx(busy + 2 * token + chunk)), ("a3", pytest.approx(busy + 2 * token + chunk)),
+    assert done == [("a2", pytest.approx(busy + 4 * token + chunk)), ("a3", pytest.approx(busy + 4 * token + chunk)),
                     ("b2", pytest.approx(busy + 4 * token + 2 * chunk)),
                     ("b3", pytest.approx(busy + 4 * token + 2 * chunk))]
     assert fe.flush() == [("a4", pytest.approx(busy + 5 * token + 3 * chunk))]
+    assert not fe.pending
     # V0 sends every token in its own chunk, in the order the steps made them
     v0 = fe.reset(merge=False)
     v0.deliver(0.0, [("a", "a1"), ("b", "b1")])
@@ -212,17 +214,39 @@ def test_a_v1_api_server_that_falls_behind_sends_the_tokens_that_waited_in_one_c
     assert v0.free_s == pytest.approx(6 * (token + chunk))
 
 
-def test_merged_chunks_lift_the_api_servers_ceiling_on_streamed_tokens():
+def test_a_step_of_more_requests_than_a_slice_streams_every_token_in_a_chunk_of_its_own():
+    from autotune.sim.perf import OUTPUT_SLICE
+
+    fe = FrontEnd(output_token_s=1e-5, chunk_s=1e-4)
+    n = OUTPUT_SLICE + 72  # two slices a step, with a yield between them
+    first = fe.deliver(0.0, [(r, (r, 1)) for r in range(n)])
+    assert [tok for tok, _ in first] == [(r, 1) for r in range(n // 2)]  # the first slice goes out at the yield
+    # the next step ends long before the process is done with this one
+    assert fe.deliver(1e-3, [(r, (r, 2)) for r in range(n)]) == []
+    sent = first + fe.flush()
+    assert sorted(tok for tok, _ in sent) == sorted((r, k) for r in range(n) for k in (1, 2))
+    at = dict(sent)
+    assert all(at[(r, 1)] < at[(r, 2)] for r in range(n))  # no request's two tokens shared a chunk
+    assert fe.free_s == pytest.approx(2 * n * (1e-5 + 1e-4))
+
+
+def test_merged_chunks_lift_the_api_servers_ceiling_only_for_batches_of_one_slice():
+    from autotune.sim.perf import OUTPUT_SLICE
+
     gpu = GPUS["h100-80gb"]
-    burst = Workload(tuple(Request(arrival_s=0.0, output_tokens=64, prompt_tokens=100) for _ in range(200)), "burst")
     fe = FrontEnd(output_token_s=1e-5, chunk_s=5e-4)
     ceiling = 1 / (fe.output_token_s + fe.chunk_s)  # tokens a second, one chunk each
-    v0 = summarize(simulate(_engine(gpu, fe, era="v0"), burst))
-    v1 = summarize(simulate(_engine(gpu, fe), burst))
-    engine_alone = summarize(simulate(_engine(gpu), burst))
-    assert v0.output_throughput <= ceiling * 1.001
-    assert v1.output_throughput > 2 * ceiling
-    assert v1.output_throughput < engine_alone.output_throughput
+    for n, lifted in ((OUTPUT_SLICE - 28, True), (OUTPUT_SLICE + 72, False)):
+        burst = Workload(tuple(Request(arrival_s=0.0, output_tokens=64, prompt_tokens=100) for _ in range(n)), "b")
+        v0 = summarize(simulate(_engine(gpu, fe, era="v0"), burst))
+        v1 = summarize(simulate(_engine(gpu, fe), burst))
+        engine_alone = summarize(simulate(_engine(gpu), burst))
+        assert v0.output_throughput <= ceiling * 1.001
+        assert v1.output_throughput < engine_alone.output_throughput
+        if lifted:
+            assert v1.output_throughput > 2 * ceiling, n
+        else:
+            assert v1.output_throughput <= ceiling * 1.001, n
 
 
 def test_a_v0_engine_keeps_its_cuda_graphs_outside_the_kv_budget():

@@ -280,6 +280,11 @@ def _busiest(gpus: int, mean: float, variance: float) -> float:
     return mean + math.sqrt(2 * math.log(gpus) * max(variance, 0.0))
 
 
+# VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: V1's output handler processes a step's outputs in slices of at most this many
+# requests and yields to the event loop between slices (vllm/v1/engine/async_llm.py, `output_handler`)
+OUTPUT_SLICE = 128
+
+
 @dataclass
 class FrontEnd:
     """vLLM's API server process: what a request costs before the engine sees it and after it answers.
@@ -293,11 +298,14 @@ class FrontEnd:
     (the client, the socket, the ZMQ hop to the engine core): a floor under TTFT. Under a burst
     the serialized costs queue, which is the front-end's own throughput ceiling.
 
-    Outputs go out in rounds (``deliver``): the steps that end while the process is busy wait,
-    and it then takes them all at once. With ``merge`` (vLLM V1's ``RequestOutputCollector``,
-    vllm#12298) a request's tokens in one round travel in one chunk, so a process that falls
-    behind the engine pays ``chunk_s`` once for several tokens; V0 sends every token in a chunk
-    of its own.
+    With ``merge`` (vLLM V1) outputs flow as V1's output handler moves them (``deliver``): it
+    processes the steps the engine core sent in order, each in slices of ``OUTPUT_SLICE``
+    requests, and yields to the event loop only between slices and when no step is queued. At a
+    yield each request's stream sends what its ``RequestOutputCollector`` gathered, in one chunk
+    (vllm#12298), and the handler takes the steps that have arrived since. So a process that
+    falls behind merges a request's tokens only across steps small enough to be one slice; a
+    step of more requests sends every token in a chunk of its own. V0 sends every token in a
+    chunk of its own, in step order.
 
     ``admit`` and ``deliver`` advance the process's clock (``free_s``): ``admit`` is the model
     the virtual-time engine (virtual.py) and the HTTP server's engine (realtime.py) both apply,
@@ -311,9 +319,13 @@ class FrontEnd:
     chunk_s: float = 0.0
     latency_s: float = 0.0
     merge: bool = True
-    free_s: float = 0.0  # when the process is next idle
-    # the outputs that wait for the next round
-    waiting: list[tuple[Hashable, Any]] = field(default_factory=list, init=False, repr=False)
+    free_s: float = 0.0  # when the work the process has done so far ends
+    # the output handler between two calls: the steps the engine core sent that it has not taken, the slices it took
+    # and has not processed, each request's tokens its stream has not sent, and whether it stands at a yield
+    arrived: list[tuple[float, list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
+    taken: list[list[list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
+    unsent: dict[Hashable, list[Any]] = field(default_factory=dict, init=False, repr=False)
+    at_yield: bool = field(default=True, init=False, repr=False)
 
     def admit(self, now: float, prompt_tokens: int) -> float:
         """When a request that reached the server at ``now`` reaches the engine core."""
@@ -321,42 +333,67 @@ class FrontEnd:
         self.free_s = start + self.request_s + self.prompt_token_s * prompt_tokens
         return self.free_s + self.latency_s
 
+    @property
+    def pending(self) -> bool:
+        """Are there tokens the process has not yet sent?"""
+        return bool(self.arrived or self.taken or self.unsent)
+
     def deliver(self, now: float, outputs: Sequence[tuple[Hashable, T]]) -> list[tuple[T, float]]:
-        """Hand the process a step's new tokens, one ``(request, token)`` each, at the step's end ``now``. Returns
-        the tokens whose time at the client is now known, with that time: this step's if the process was idle,
-        else those of a round that has started since (``flush`` ends the last round)."""
+        """Hand the process a step's new tokens, one ``(request, token)`` each, at the step's end ``now`` (steps in
+        the order they end). Returns the tokens whose time at the client is now known, with that time: the process
+        runs as far as the steps that ended by ``now`` decide (``flush`` runs the rest)."""
         if not (self.output_token_s or self.chunk_s):
             return [(token, now) for _, token in outputs]
-        done = []
-        if self.waiting and now >= self.free_s:
-            done = self.flush()
-        if now >= self.free_s:
-            self.free_s = now
-            return done + self._round(outputs)
-        self.waiting.extend(outputs)
-        return done
+        if outputs:  # the engine core sends nothing for a step that made no token (a prefill chunk)
+            self.arrived.append((now, list(outputs)))
+        return self._handle(now)
 
     def flush(self) -> list[tuple[Any, float]]:
-        """Run the round of the outputs that are waiting; their tokens with their times at the client."""
-        outputs, self.waiting = self.waiting, []
-        return self._round(outputs)
+        """Send everything the process holds, no further step coming; its tokens with their times at the client."""
+        return self._handle(math.inf)
 
-    def _round(self, outputs: Sequence[tuple[Hashable, T]]) -> list[tuple[T, float]]:
-        """One round from ``free_s``. Merged: request by request in order, its tokens' detokenization and one
-        chunk. Otherwise each token in its own chunk, in the order the steps made them."""
-        done, t = [], self.free_s
-        if not self.merge:
-            for _, token in outputs:
-                t += self.output_token_s + self.chunk_s
-                done.append((token, t))
-        else:
-            by_request: dict[Hashable, list[T]] = {}
-            for request, token in outputs:
-                by_request.setdefault(request, []).append(token)
-            for tokens in by_request.values():
-                t += self.output_token_s * len(tokens) + self.chunk_s
-                done += [(token, t) for token in tokens]
-        self.free_s = t
+    def _handle(self, known: float) -> list[tuple[Any, float]]:
+        """Run the output handler while what it does depends only on the steps that ended by ``known``."""
+        done: list[tuple[Any, float]] = []
+        while True:
+            if self.at_yield:
+                done += self._send()
+                if not self.taken and not (self.arrived and self.arrived[0][0] <= known):
+                    return done  # idle until the next step
+                start = self.free_s if self.taken else max(self.free_s, self.arrived[0][0])
+                if start > known:
+                    return done  # a step that ends before this yield may still come
+                self.free_s = start
+                while self.arrived and self.arrived[0][0] <= start:
+                    outputs = self.arrived.pop(0)[1]
+                    n = math.ceil(len(outputs) / OUTPUT_SLICE) if self.merge else 1
+                    self.taken.append([outputs[i * len(outputs) // n:(i + 1) * len(outputs) // n] for i in range(n)])
+                self.at_yield = False
+            step = self.taken[0]
+            done += self._process(step.pop(0))
+            if not step:
+                self.taken.pop(0)
+            self.at_yield = bool(step) or not self.taken
+
+    def _process(self, outputs: Sequence[tuple[Hashable, Any]]) -> list[tuple[Any, float]]:
+        """One slice: its tokens' detokenization into the requests' collectors; V0 sends each at once."""
+        done = []
+        for request, token in outputs:
+            self.free_s += self.output_token_s
+            if self.merge:
+                self.unsent.setdefault(request, []).append(token)
+            else:
+                self.free_s += self.chunk_s
+                done.append((token, self.free_s))
+        return done
+
+    def _send(self) -> list[tuple[Any, float]]:
+        """A yield: each stream with tokens gathered sends them in one chunk, in the order they were gathered."""
+        done = []
+        for tokens in self.unsent.values():
+            self.free_s += self.chunk_s
+            done += [(token, self.free_s) for token in tokens]
+        self.unsent.clear()
         return done
 
     def reset(self, merge: bool | None = None) -> FrontEnd:

@@ -176,7 +176,7 @@ def _run(
         last.append(0.0)
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
-    # V0 streams each token in a chunk of its own; V1 merges the tokens a request gathers while the API server is busy
+    # V0 streams each token in a chunk of its own; V1 merges the tokens a request gathers between the API server's yields
     fe = engine.front_end.reset(merge=engine.config.era != "v0") if engine.front_end is not None else None
     admits: list[tuple[float, int]] = []  # (when the API server hands it to the engine, request)
 
@@ -215,7 +215,7 @@ def _run(
             send(held.popleft(), freed.pop(0) if freed else now)
 
     now = 0.0
-    while arrivals or admits or sched.has_work or (fe is not None and fe.waiting):
+    while arrivals or admits or sched.has_work or (fe is not None and fe.pending):
         while arrivals and arrivals[0][0] <= now:
             t, i = heapq.heappop(arrivals)
             if max_concurrency is not None and (held or in_flight >= max_concurrency):
@@ -225,7 +225,7 @@ def _run(
         while admits and admits[0][0] <= now:
             sched.add(reqs[heapq.heappop(admits)[1]])
         if not sched.has_work:
-            if fe is not None and fe.waiting:  # the engine is idle: the API server's last round goes out
+            if fe is not None and fe.pending:  # the engine is idle: the API server sends what it holds
                 record(fe.flush(), now)
             elif arrivals or admits:
                 now = min(q[0][0] for q in (arrivals, admits) if q)
