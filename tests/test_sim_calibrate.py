@@ -78,7 +78,7 @@ def test_every_constant_at_once_still_lowers_the_error(tiny_model, chat):
     gpu = replace(GPUS["cpu"], host_step_s=12e-3, host_seq_s=150e-6, eager_layer_s=600e-6)
     steps = synthetic_steps(shape, gpu, replace(API_SERVER, output_token_s=40e-6), chat)
     fitted = cal.calibrate(shape, "cpu", str(tiny_model), steps, chat, evaluations=40)
-    assert set(fitted.constants) == set(cal.FITTED)
+    assert set(fitted.constants) == set(cal.FITTED) | {"chunk_s"}  # and the per-chunk cost it was fitted over
     assert fitted.loss_after < fitted.loss_before / 3, fitted
 
 
@@ -118,6 +118,12 @@ def test_a_calibration_is_kept_per_profile_and_model(tmp_path, tiny_model):
     assert back == fit
     assert back.gpu().host_step_s == 0.01 and back.gpu().compute_efficiency == GPUS["cpu"].compute_efficiency
     assert back.front_end().latency_s == 0.02 and back.front_end().output_token_s == API_SERVER.output_token_s
+    assert back.front_end().chunk_s == API_SERVER.chunk_s
+    # a fit of the per-token cost from before the per-chunk one existed: it was a streamed token's whole cost
+    old = cal.Calibration("cpu", "m", {"output_token_s": 2e-4}, 1.0, 0.1, 12).front_end()
+    assert (old.output_token_s, old.chunk_s) == (2e-4, 0.0)
+    new = cal.Calibration("cpu", "m", {"output_token_s": 2e-5, "chunk_s": API_SERVER.chunk_s}, 1.0, 0.1, 12)
+    assert (new.front_end().output_token_s, new.front_end().chunk_s) == (2e-5, API_SERVER.chunk_s)
     assert cal.load(tmp_path, "a10-24gb", str(tiny_model)) is None  # another profile: not this fit
     assert cal.path_for(tmp_path, "a10-24gb", "meta-llama/Llama-3.1-8B").name == "meta-llama--Llama-3.1-8B.json"
     path.write_text("{not json")
@@ -231,7 +237,8 @@ def test_calibrate_fits_a_studys_trials_and_the_next_study_predicts_with_it(tmp_
     kept = tmp_path / "state" / "calibration" / "a10-24gb" / "llama-3.1-8b.json"
     fit = json.loads(kept.read_text())
     assert fit["study"] == "measured" and len(fit["trials"]) >= 3 and fit["loss_after"] <= fit["loss_before"]
-    assert fit["steps"] >= len(fit["trials"]) and set(fit["constants"]) == set(cal.FITTED)
+    assert fit["steps"] >= len(fit["trials"]) and set(fit["constants"]) == set(cal.FITTED) | {"chunk_s"}
+    assert fit["constants"]["chunk_s"] == API_SERVER.chunk_s  # the per-chunk cost its output_token_s adds to
     assert "host_step_s" in r.stdout and str(kept) in r.stderr
 
     second = study_file("predicted", 2)

@@ -50,7 +50,7 @@ FITTED: dict[str, tuple[float, float]] = {
     "latency_s": (1e-3, 1.0),  # the API server's (perf.FrontEnd)
     "output_token_s": (1e-7, 1e-3),
 }
-FRONT_END = {f.name for f in fields(FrontEnd)} - {"free_s", "waiting", "merge"}
+FRONT_END = {f.name for f in fields(FrontEnd) if f.init} - {"free_s", "merge"}  # its time constants
 WARMUP = 4  # as the simulator's capacity predictions (rank.py) and the replay client warm up
 
 
@@ -82,7 +82,12 @@ class Calibration:
         return _gpu_with(GPUS[self.profile], self.constants)
 
     def front_end(self) -> FrontEnd:
-        return _front_end_with(API_SERVER, self.constants)
+        constants = dict(self.constants)
+        if "output_token_s" in constants:
+            # a fit from before the per-chunk cost was a constant of its own took output_token_s as a streamed
+            # token's whole cost: it keeps that meaning (a fit since stores the chunk_s it was fitted with)
+            constants.setdefault("chunk_s", 0.0)
+        return _front_end_with(API_SERVER, constants)
 
     def describe(self) -> str:
         return (
@@ -211,6 +216,8 @@ def calibrate(
         if opt.should_stop():
             break
     kept = {**(start.constants if start else {}), **best}
+    if "output_token_s" in kept:
+        kept["chunk_s"] = fe.chunk_s  # what the fitted per-token cost is on top of (Calibration.front_end)
     return Calibration(
         profile, model, kept, before, after, len(steps), sorted({s.trial for s in steps}), study, time.time()
     )
