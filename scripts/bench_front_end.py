@@ -8,7 +8,7 @@ here: one real ``vllm serve`` of the tiny local model (scripts/build_tiny_model.
 streamed requests sent at once, and the API-server process's CPU seconds over each burst (``vllm serve``'s main
 process; the engine core and its worker are its children and are not counted). Three completion bursts separate the
 three costs (a short prompt and one output token; a long prompt; many output tokens) and a chat burst adds the chat
-template's; ``--repeats`` rounds of the four, each burst's median round counting. A second server, started with
+template's and a chat long-output burst a chat chunk's; ``--repeats`` rounds of the five, each burst's median round counting. A second server, started with
 ``--stream-interval``, runs the long-output burst again: the same tokens in fewer SSE chunks (the client counts
 them), which splits a streamed token's cost into the per-token and the per-chunk part.
 
@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument(
         "--output-tokens", type=int, default=64, help="tokens each request streams in the long-output burst"
     )
-    ap.add_argument("--repeats", type=int, default=3, help="rounds of the four bursts; the median counts (default 3)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the five bursts; the median counts (default 3)")
     ap.add_argument("--port", type=int, default=8471)
     ap.add_argument(
         "--stream-interval",
@@ -252,6 +252,7 @@ def main() -> int:
             "long prompt": (n, False, 1, LONG),
             "long output": (n // 4, False, a.output_tokens, SHORT),
             "chat": (n, True, 1, SHORT),
+            "chat output": (n // 4, True, a.output_tokens, SHORT),
         }
         rounds = serve_rounds(model, a.port, work, 1, bursts, a.repeats)
         # the long-output burst again with --stream-interval: the same tokens in fewer SSE chunks, which separates
@@ -265,7 +266,7 @@ def main() -> int:
     ms = "api_server_cpu_ms_per_request"
     # each burst's round with the median CPU per request
     rows = {name: sorted((r[name] for r in rounds), key=lambda row: row[ms])[len(rounds) // 2] for name in rounds[0]}
-    short, long_prompt, long_output, chat, coalesced = rows.values()
+    short, long_prompt, long_output, chat, chat_output, coalesced = rows.values()
     prompt_token_ms = (long_prompt[ms] - short[ms]) / (long_prompt["prompt_tokens"] - short["prompt_tokens"])
     # a streamed request costs request + tokens x token + chunks x chunk: the two long-output bursts differ only
     # in chunks, the short and the long output in both
@@ -280,6 +281,11 @@ def main() -> int:
         - chunk_ms * short["chunks_per_request"]
     )
     streamed_token_ms = (long_output[ms] - short[ms]) / (long_output["max_tokens"] - short["max_tokens"])
+    # a chat chunk (a ChatCompletionStreamResponse with its delta) against a completion chunk: the chat bursts differ
+    # in tokens, detokenized alike, and in chunks
+    chat_chunk_ms = (
+        chat_output[ms] - chat[ms] - output_token_ms * (chat_output["max_tokens"] - chat["max_tokens"])
+    ) / (chat_output["chunks_per_request"] - chat["chunks_per_request"])
     result = {
         "host": {
             "cpu": _cpu_model(),
@@ -296,6 +302,7 @@ def main() -> int:
             "prompt_token_s": round(prompt_token_ms / 1000, 9),
             "output_token_s": round(output_token_ms / 1000, 8),
             "chunk_s": round(chunk_ms / 1000, 8),
+            "chat_chunk_s": round(chat_chunk_ms / 1000, 8),
             # a token streamed in its own chunk: output_token_s + chunk_s, as one figure (FrontEnd before chunks)
             "streamed_token_s": round(streamed_token_ms / 1000, 8),
         },
@@ -315,7 +322,7 @@ def main() -> int:
     print(
         f"API server per request {1000 * fe['request_s']:.2f} ms (chat {1000 * fe['chat_request_s']:.2f} ms), "
         f"per prompt token {1e6 * fe['prompt_token_s']:.2f} us, per output token {1e6 * fe['output_token_s']:.1f} us "
-        f"and per SSE chunk {1e6 * fe['chunk_s']:.1f} us "
+        f"and per SSE chunk {1e6 * fe['chunk_s']:.1f} us (chat {1e6 * fe['chat_chunk_s']:.1f} us) "
         f"(a token in its own chunk: {1e6 * fe['streamed_token_s']:.1f} us)"
     )
     if a.json:
