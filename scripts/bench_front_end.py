@@ -20,7 +20,11 @@ CPU model and a pure-Python reference loop's time. Rerun:
     .venv/bin/python scripts/bench_front_end.py --repeats 5 --output-tokens 128 --stream-interval 16 \
         --json bench/front_end_cpu_xeon.json     # ~8 min on 2 cores
 
-(bench/front_end_cpu.json is an earlier run, on another host, before the second server.)
+(bench/front_end_cpu.json is an earlier run, on another host, before the second server.) ``--streams`` instead
+counts the chunks a request gets from bursts of so many concurrent streams (bench/front_end_merging.json):
+
+    .venv/bin/python scripts/bench_front_end.py --streams 64,100,128,160,200,256 --repeats 3 \
+        --json bench/front_end_merging.json     # ~2 min
 
 Needs scripts/install_cpu.sh's vLLM beside the interpreter.
 """
@@ -235,6 +239,11 @@ def main() -> int:
         default=8,
         help="vLLM's --stream-interval for the second long-output burst (default 8)",
     )
+    ap.add_argument(
+        "--streams",
+        help="instead: long-output bursts of these many concurrent streams (e.g. 64,100,128,160,200,256), to see "
+        "how many SSE chunks a request gets: V1 merges a request's tokens only across steps of one output slice",
+    )
     ap.add_argument("--json", type=Path, help="write the rows and the fitted figures here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
@@ -246,6 +255,8 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         ref = reference_loop_s()
+        if a.streams:
+            return merging(model, a, [int(x) for x in a.streams.split(",")], ref)
         n = a.requests
         bursts = {  # name: (requests, chat, max_tokens, sentences)
             "short": (n, False, 1, SHORT),
@@ -326,6 +337,22 @@ def main() -> int:
         f"(a token in its own chunk: {1e6 * fe['streamed_token_s']:.1f} us)"
     )
     if a.json:
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def merging(model: Path, a: argparse.Namespace, streams: list[int], ref: float) -> int:
+    """``--streams``: each size's long-output burst, ``--repeats`` rounds, on one server; chunks a request got."""
+    with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
+        bursts = {f"{n} streams": (n, False, a.output_tokens, SHORT) for n in streams}
+        rounds = serve_rounds(model, a.port, Path(tmp), 1, bursts, a.repeats)
+    print(f"host: {_cpu_model()}, reference loop {ref:.3f} s; vLLM {_vllm_version()}")
+    print(f"SSE chunks a request got for {a.output_tokens} tokens, each round:")
+    for name in bursts:
+        print(f"{name:>12}: " + "  ".join(f"{r[name]['chunks_per_request']:>6}" for r in rounds))
+    if a.json:
+        result = {"host": {"cpu": _cpu_model(), "cores": psutil.cpu_count(), "reference_loop_s": round(ref, 3)},
+                  "vllm": _vllm_version(), "output_tokens": a.output_tokens, "rounds": rounds}
         a.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

@@ -367,7 +367,7 @@ class FrontEnd:
                 while self.arrived and self.arrived[0][0] <= start:
                     outputs = self.arrived.pop(0)[1]
                     n = math.ceil(len(outputs) / OUTPUT_SLICE) if self.merge else 1
-                    self.taken.append([outputs[i * len(outputs) // n:(i + 1) * len(outputs) // n] for i in range(n)])
+                    self.taken.append([outputs[i * len(outputs) // n : (i + 1) * len(outputs) // n] for i in range(n)])
                 self.at_yield = False
             step = self.taken[0]
             done += self._process(step.pop(0))

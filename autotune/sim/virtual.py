@@ -176,7 +176,7 @@ def _run(
         last.append(0.0)
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
-    # V0 streams each token in a chunk of its own; V1 merges the tokens a request gathers between the API server's yields
+    # V0 streams each token in a chunk of its own; V1 merges a request's tokens between the API server's yields
     fe = engine.front_end.reset(merge=engine.config.era != "v0") if engine.front_end is not None else None
     admits: list[tuple[float, int]] = []  # (when the API server hands it to the engine, request)
 
