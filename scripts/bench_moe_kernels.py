@@ -1,6 +1,6 @@
 """vllm-sim's fused-MoE layer against vLLM's own kernel timings: every table of bench/public_moe_kernels.toml.
 
-    python scripts/bench_moe_kernels.py [--json OUT] [--fit]
+    python scripts/bench_moe_kernels.py [--json OUT] [--fit | --fit-fp8-grouped]
 
 Each table is a public run of vLLM's benchmarks/kernels/benchmark_moe.py (or sglang's copy of it): one fused-MoE
 call (routing, the two grouped GEMMs, the activation) timed on a named GPU for batch sizes 1 to a few thousand
@@ -12,7 +12,8 @@ predicted/measured; each table ends with the median absolute error, and the summ
 the GEMMs) and per split.
 
 ``--fit`` fits the H100 profile's call costs (``MOE_CALL_BOUNDS``) on the rows of up to ``FIT_MAX_TOKENS`` tokens of
-the tables marked ``split = "fit"``, where the reads bind; the other tables are held out.
+the tables marked ``split = "fit"``, where the reads bind; ``--fit-fp8-grouped`` fits its ``fp8_grouped_gemm_share``
+on the fit tables' fp8 rows above that, where the GEMMs bind; the other tables are held out.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from autotune.sim.profiles import GPUS, GpuProfile, model_shape  # noqa: E402
 TABLES = ROOT / "bench" / "public_moe_kernels.toml"
 BANDS = (("1-8", 1, 8), ("16-128", 16, 128), (">=256", 256, 1 << 30))
 FIT_GPU = "h100-80gb"
-FIT_MAX_TOKENS = 128  # above it the GEMMs bind, whose share is fitted on serving points (bench_sim_fidelity --fit-moe)
+# above it the GEMMs bind: their share is fitted on serving points (bench_sim_fidelity --fit-moe), fp8's on these tables
+FIT_MAX_TOKENS = 128
 MOE_CALL_BOUNDS = {"moe_call_s": (0.0, 60e-6), "moe_expert_s": (0.0, 2e-6), "expert_bandwidth_efficiency": (0.4, 1.0)}
 
 
@@ -78,15 +80,33 @@ def fit_call_costs(tables: list[dict[str, Any]]) -> tuple[dict[str, float], floa
     return fit(loss, start, MOE_CALL_BOUNDS, points=9, rounds=6)
 
 
+def fit_fp8_grouped_share(tables: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
+    """The H100's share of the fp8 rate that Triton's W8A8 fused MoE reaches in its grouped GEMMs, fitted on the fit
+    tables' fp8 rows above ``FIT_MAX_TOKENS`` tokens, where the GEMMs bind (log loss)."""
+    from autotune.sim.fit import fit, log_loss
+
+    mine = [t for t in tables if t.get("split") == "fit" and t["gpu"] == FIT_GPU and t["dtype"] == "fp8_w8a8"]
+    base = GPUS[FIT_GPU]
+
+    def loss(c: dict[str, float]) -> float:
+        gpus = {**GPUS, FIT_GPU: replace(base, **c)}
+        return log_loss((m, p) for t in mine for b, m, p in predicted_us(t, gpus) if b > FIT_MAX_TOKENS)
+
+    start = {"fp8_grouped_gemm_share": base.fp8_grouped_gemm_share or base.grouped_gemm_share}
+    return fit(loss, start, {"fp8_grouped_gemm_share": (0.05, 1.0)}, points=9, rounds=6)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", type=Path, default=TABLES)
     ap.add_argument("--json", type=Path, help="write every row and the medians here")
     ap.add_argument("--fit", action="store_true", help=f"fit {FIT_GPU}'s fused-MoE call costs on the fit tables")
+    ap.add_argument("--fit-fp8-grouped", action="store_true",
+                    help=f"fit {FIT_GPU}'s fp8 grouped-GEMM share on the fit tables' fp8 rows where the GEMMs bind")
     a = ap.parse_args(argv)
     tables = tomllib.loads(a.tables.read_text())["table"]
-    if a.fit:
-        best, loss = fit_call_costs(tables)
+    if a.fit or a.fit_fp8_grouped:
+        best, loss = fit_call_costs(tables) if a.fit else fit_fp8_grouped_share(tables)
         print(f"{FIT_GPU}: " + ", ".join(f"{k}={v:.4g}" for k, v in best.items()) + f" (log loss {loss:.4f})")
         return 0
     out: dict[str, Any] = {"tables": [], "bands": {}}

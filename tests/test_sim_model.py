@@ -844,6 +844,26 @@ def test_tritons_fused_moe_reads_experts_at_its_own_share_and_marlins_at_the_lin
     assert H100.expert_bandwidth_efficiency > H100.bandwidth_efficiency
 
 
+def test_fp8_experts_on_fp8_tensor_cores_compute_at_tritons_own_share_of_the_fp8_rate():
+    """At 4096 tokens the grouped GEMMs bind: fp8 experts on an H100 (Triton's W8A8 fused MoE) run at
+    ``fp8_grouped_gemm_share`` of the fp8 rate, bf16 experts at ``grouped_gemm_share`` of the bf16 rate, and on an A100
+    (no fp8 tensor cores: Marlin) fp8 experts take the latter too."""
+    shape = model_shape("Qwen/Qwen3-30B-A3B")
+    per_token = 2 * shape.moe_layers * shape.experts_per_token * shape.expert_params / shape.moe_layers
+
+    def gemms(gpu, dtype: str) -> float:
+        served = shape.served(dtype) if dtype else shape
+        m = StepModel(served, gpu, SimConfig.from_args({}, gpu, served))
+        return m.moe_layer_seconds(4096) - gpu.moe_call_s
+
+    rate = H100.compute_efficiency * H100.sustained_compute
+    assert gemms(H100, "fp8") == pytest.approx(4096 * per_token / (H100.fp8_flops * rate * H100.fp8_grouped_gemm_share))
+    assert gemms(H100, "") == pytest.approx(4096 * per_token / (H100.bf16_flops * rate * H100.grouped_gemm_share))
+    assert H100.fp8_grouped_gemm_share < H100.grouped_gemm_share
+    a100 = gpu_profile("a100-80gb")
+    assert a100.fp8_grouped_gemm_share is None and gemms(a100, "fp8") == pytest.approx(gemms(a100, ""))
+
+
 def test_mxfp4_experts_load_padded_as_vllm_logs_them_and_other_weights_as_stored():
     """vLLM's log for gpt-oss-120b on one H100 reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278)
     where the checkpoint holds 60.7 GiB: Marlin pads each expert's width to 128 and the hidden size to 256."""

@@ -107,6 +107,8 @@ class StepModel:
             expert_share = g.bandwidth_efficiency
         self._expert_bw = g.bandwidth * expert_share
         self._flops = peak * g.compute_efficiency * g.sustained_compute
+        w8a8 = s.weight_quant == "fp8" and g.fp8_flops  # Triton's W8A8 fused MoE, not Marlin's
+        self._grouped_share = (w8a8 and g.fp8_grouped_gemm_share) or g.grouped_gemm_share
         self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
         self._attn_flops_rate = (
             g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency) * g.sustained_compute
@@ -166,7 +168,7 @@ class StepModel:
     def _grouped_flops(self, tokens: float) -> float:
         """The routed experts' FLOPs per token, all MoE layers of a GPU, weighed by the busiest GPU's load and
         counted at the grouped GEMMs' share of the GEMM rate."""
-        return self._expert_flops * self._expert_load(tokens) / self.gpu.grouped_gemm_share
+        return self._expert_flops * self._expert_load(tokens) / self._grouped_share
 
     def _expert_load(self, tokens: float) -> float:
         """The busiest GPU's share of the routed tokens over the mean share: 1 unless expert parallelism puts

@@ -80,6 +80,9 @@ class GpuProfile:
     # the share of the GEMMs' compute rate a MoE layer's grouped GEMMs over the routed experts reach (the fused
     # MoE kernels of vLLM: Triton, Marlin on Ampere); fitted where MoE points are in the fit part, else 1.0
     grouped_gemm_share: float = 1.0
+    # the same share for fp8 experts on fp8 tensor cores (Triton's W8A8 fused-MoE kernel), of the fp8 rate; None:
+    # ``grouped_gemm_share``
+    fp8_grouped_gemm_share: float | None = None
     # one fused-MoE call a MoE layer (perf.py): a fixed cost (routing, alignment, the activation, the kernels' ramp),
     # a cost per routed expert it touches, and the share of the bandwidth Triton's fused-MoE kernel reads the experts
     # at (None, and Marlin's kernel everywhere: the linear layers'); fitted by `scripts/bench_moe_kernels.py --fit`
@@ -144,6 +147,11 @@ HOPPER_SUSTAINED = 0.6
 #   the per-token cells of 4-token answers left out of the loss (bench_sim_fidelity.fitted_cells; with one of them
 #   in, the H100's fit gave 0.325). The gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
 HOPPER_GROUPED_GEMM = 0.55
+# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.206 of the fp8 rate (against the
+#   0.55 above, fitted on MXFP4 experts: Marlin): `scripts/bench_moe_kernels.py --fit-fp8-grouped` on the fit table's
+#   rows of 256-4096 tokens (vLLM #24700, Qwen3-30B-A3B fp8 on an H100), where the model was 0.39-0.77x of the
+#   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs")
+HOPPER_FP8_GROUPED_GEMM = 0.206
 A100_GROUPED_GEMM = 0.438
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
@@ -168,6 +176,7 @@ GPUS: dict[str, GpuProfile] = {
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_grouped_gemm_share=HOPPER_FP8_GROUPED_GEMM,
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
@@ -184,6 +193,7 @@ GPUS: dict[str, GpuProfile] = {
         **_H100_MEASURED,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_grouped_gemm_share=HOPPER_FP8_GROUPED_GEMM,
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1513e12,
         host_step_s=SCHEDULER_STEP_S,
@@ -201,6 +211,7 @@ GPUS: dict[str, GpuProfile] = {
         attention_compute_efficiency=0.514,
         sustained_compute=HOPPER_SUSTAINED,
         grouped_gemm_share=HOPPER_GROUPED_GEMM,
+        fp8_grouped_gemm_share=HOPPER_FP8_GROUPED_GEMM,
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
