@@ -506,6 +506,7 @@ ALLREDUCE_BOUNDS = {"allreduce_latency_s": (0.0, 60e-6)}
 SUSTAINED_BOUNDS = {"sustained_compute": (0.2, 1.0)}
 MOE_BOUNDS = {"grouped_gemm_share": (0.1, 1.0)}
 WEIGHT_ONLY_BOUNDS = {"weight_only_share": (0.2, 1.0)}
+SINK_ATTENTION_BOUNDS = {"sink_attention_share": (0.05, 1.0)}
 
 
 # TPOT and ITL of answers a few tokens long are a burst's interleaving of prefills, not a step's time: GPUStack's
@@ -594,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-weight-only", metavar="GPU", action="append", default=[],
                     help="fit the share of GPU's GEMM rate its linear layers reach with quantized weights computed in "
                          "bf16 (weight-only kernels), on the fit part's points of such models on it, and print it")
+    ap.add_argument("--fit-sink-attention", metavar="GPU", action="append", default=[],
+                    help="fit the share of GPU's attention compute rate vLLM's Triton attention reaches for attention "
+                         "with sinks (gpt-oss), on the fit part's points of such models on it, and print it")
     ap.add_argument("--fit-front-end", action="store_true",
                     help="fit the API server's constants on the fit part's V1 serving points (short runs only) and print them")
     ap.add_argument("--gpu-as", metavar="PROFILE=OTHER", action="append", default=[],
@@ -651,6 +655,11 @@ def main(argv: list[str] | None = None) -> int:
         fits.append((gpu, [p for p in fit_part if not _unsupported(p) and weight_only(
             model_shape(p["model"]).served((p.get("engine_args") or {}).get("quantization")), GPUS[gpu])],
                      WEIGHT_ONLY_BOUNDS))
+    for gpu in a.fit_sink_attention:
+        if gpu not in GPUS:
+            ap.error(f"--fit-sink-attention {gpu}: not a vllm-sim GPU profile ({', '.join(GPUS)})")
+        fits.append((gpu, [p for p in fit_part if not _unsupported(p) and model_shape(p["model"]).attention_sinks],
+                     SINK_ATTENTION_BOUNDS))
     for gpu, part, bounds in fits:
         c, v = fit_profile(part, gpu, bounds, gpus=gpus)
         print(f"{gpu}: " + ", ".join(f"{k}={x:.3g}" for k, x in c.items()) + f" (log loss {v:.4f})", flush=True)

@@ -864,6 +864,25 @@ def test_fp8_experts_on_fp8_tensor_cores_compute_at_tritons_own_share_of_the_fp8
     assert a100.fp8_grouped_gemm_share is None and gemms(a100, "fp8") == pytest.approx(gemms(a100, ""))
 
 
+def test_attention_with_sinks_runs_on_vllms_triton_backend_before_hopper():
+    """gpt-oss's learned attention sinks: FlashAttention 3 runs them on Hopper, vLLM's Triton attention elsewhere, at
+    the A100's fitted ``sink_attention_share`` of its attention compute rate. A step that is nearly all attention
+    (a billion query-key pairs) takes 1/share as long there; a model without sinks, or an H100, is unaffected."""
+    oss, llama = model_shape("openai/gpt-oss-20b"), model_shape("llama-3.1-8b")
+    assert oss.attention_sinks and not llama.attention_sinks
+    a100 = gpu_profile("a100-80gb")
+    assert a100.sink_attention_share < 1.0 and H100.sink_attention_share == 1.0
+
+    def attention_bound(gpu, shape) -> float:
+        m = StepModel(shape, gpu, SimConfig.from_args({}, gpu, shape))
+        return m.seconds(1, 1, 0, 1e9, 1, False, 0.0, 0)
+
+    plain = replace(a100, sink_attention_share=1.0)
+    assert attention_bound(a100, oss) / attention_bound(plain, oss) == pytest.approx(1 / a100.sink_attention_share,
+                                                                                     rel=0.02)
+    assert attention_bound(a100, llama) == attention_bound(plain, llama)
+
+
 def test_mxfp4_experts_load_padded_as_vllm_logs_them_and_other_weights_as_stored():
     """vLLM's log for gpt-oss-120b on one H100 reads "Model loading took 65.9651 GiB" (vllm-project/vllm#23278)
     where the checkpoint holds 60.7 GiB: Marlin pads each expert's width to 128 and the hidden size to 256."""

