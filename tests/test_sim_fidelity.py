@@ -137,6 +137,8 @@ def test_the_script_refuses_unknown_points():
 def _engine(gpu, front_end=None, era="v1"):
     shape = model_shape("llama-3.1-8b")
     config = replace(SimConfig.from_args({"max_model_len": 8192}, gpu, shape), era=era)
+    if era == "v0":
+        config = replace(config, async_scheduling=False)  # V0 had none
     return SimEngine.start(shape, gpu, config, front_end=front_end)
 
 
@@ -178,13 +180,21 @@ def test_the_api_servers_floor_adds_to_ttft_and_its_serialized_costs_queue():
     queued = simulate(_engine(gpu, FrontEnd(request_s=0.01, prompt_token_s=1e-4)), burst)
     assert max(r.ttft for r in queued) >= 20 * (0.01 + 100 * 1e-4)
     fast_out = simulate(_engine(gpu), burst)
-    # V0 streams token by token: every step's 20 tokens cost 40 ms in the API server, the client sees them that
-    # far apart
+    # V0 detokenizes in the engine's own loop: every step's 20 tokens cost 40 ms before the next step, and the
+    # client sees them that far apart
     slow_v0 = simulate(_engine(gpu, FrontEnd(output_token_s=0.002), era="v0"), burst)
     assert summarize(slow_v0).tpot.p50 >= 0.04 > summarize(fast_out).tpot.p50
     # V1 merges tokens into fewer chunks, but each token's own cost still passes through the one process
     slow_v1 = simulate(_engine(gpu, FrontEnd(output_token_s=0.002)), burst)
     assert max(r.e2e for r in slow_v1) >= 80 * 0.002 > max(r.e2e for r in fast_out)
+
+
+def test_a_v0_engine_detokenizes_in_its_own_loop_and_a_v1_api_server_in_its_process():
+    gpu, fe = GPUS["h100-80gb"], FrontEnd(output_token_s=2e-5, chunk_s=3e-5)
+    v0, v1 = _engine(gpu, fe, era="v0"), _engine(gpu, fe)
+    assert v0.step_model.gpu.host_seq_s == pytest.approx(gpu.host_seq_s + 2e-5)  # a cost per sequence of each step
+    assert (v0.front_end.output_token_s, v0.front_end.chunk_s) == (0.0, 3e-5)  # the server still writes the chunks
+    assert v1.step_model.gpu.host_seq_s == gpu.host_seq_s and v1.front_end == fe
 
 
 def test_a_v1_api_server_that_falls_behind_sends_the_tokens_that_waited_in_one_chunk_a_request():

@@ -406,18 +406,17 @@ class FrontEnd:
 
 
 # vLLM's API server: what its one process spends per request, per prompt token and per streamed token, measured on
-# real vLLM 0.32 (CPU build, the tiny model; scripts/bench_front_end.py, bench/front_end_cpu.json: CPU seconds of
-# the API-server process over bursts of 400 streamed requests, on this project's 2-core AMD EPYC VM), taken as they
-# are: the fit part of bench/sim_calibration.toml cannot tell a faster host core from this one (`scripts/
-# bench_sim_fidelity.py --fit-front-end`: log loss 0.0170 at 1x, 0.0168 at its optimum 3.8x; with the MoE points and
-# without the per-token cells of 4-token answers, 0.073 at 1x and 0.0711 at 1.81x). The per-prompt-token
-# cost agrees with what was fitted on public points before (2.2 us); the per-request cost is new (the fit had needed
-# none). A token streamed in its own chunk costs 109 us there (2.9x the 37.5 us fitted before); a second run of the
-# script, with its long-output burst also under --stream-interval 16 (bench/front_end_cpu_xeon.json, a core 1.6x
-# faster by the script's reference loop, where the whole was 46 us), splits it into 32.6 % per token (15.5 us:
-# detokenization, the step's output record) and 67.4 % per SSE chunk (32.1 us): 35.5 + 73.5 us here. Each figure
-# is the median of the rounds of bursts. latency_s is the path outside that process (the client, the socket, the
-# hop to the engine core), a floor under TTFT fitted on the fit part's V1 low-load points (gpustack Qwen3-8B/H100
-# at concurrency 1-8; bench/sim_fidelity.md).
-MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=35.5e-6, chunk_s=73.5e-6)
+# real vLLM 0.32 (CPU build, the tiny model; scripts/bench_front_end.py: CPU seconds of the API-server process over
+# bursts of 400 streamed requests) on two of this project's 2-core VMs. Per request and per prompt token, the AMD EPYC
+# host's (bench/front_end_cpu.json: 2.34 ms, the mean of completion and chat; 1.87 us, where a fit on public points
+# had found 2.2 us). Per output token and per SSE chunk, the Intel Xeon host's (bench/front_end_cpu_xeon.json, its
+# long-output burst also run under --stream-interval 16: 15.5 us for detokenization and the step's output record,
+# 32.1 us for a chunk; the AMD host took 109 us for both), which the fit part chooses: since V1's output handler
+# merges chunks only within one slice of 128 requests, the streamed tokens of its large batches weigh the per-token
+# path, and the log loss of its V1 points is 0.0473 at the AMD host's costs, 0.0223 at the Xeon's, flat beyond (its
+# V0 points 0.0154 -> 0.0128; the request side is flat or wants it slower). Each figure is the median of the rounds
+# of bursts. latency_s is the path outside that process (the client, the socket, the hop to the engine core), a floor
+# under TTFT fitted on the fit part's V1 low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8;
+# bench/sim_fidelity.md).
+MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=15.5e-6, chunk_s=32.1e-6)
 API_SERVER = replace(MEASURED_API_SERVER, latency_s=0.050)

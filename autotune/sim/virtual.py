@@ -70,7 +70,14 @@ class SimEngine:
             max_model_len=c.max_model_len,
             window_blocks=self.shape.window_blocks(c.block_size),
         )
-        self.step_model = StepModel(self.shape, self.gpu, c)
+        gpu, fe = self.gpu, self.front_end
+        if fe is not None and c.era == "v0":
+            # V0 detokenized and streamed each step's outputs in the engine's own loop, serial with the GPU (one
+            # process before 0.6's multiprocessing front end): a streamed token is a host cost per sequence of the
+            # step, and the server adds none after it
+            gpu = replace(gpu, host_seq_s=gpu.host_seq_s + fe.output_token_s)
+            self.front_end = replace(fe, output_token_s=0.0)
+        self.step_model = StepModel(self.shape, gpu, c)
 
 
 def prompt_length(r: WorkloadRequest) -> int:
