@@ -72,9 +72,8 @@ class SimEngine:
         )
         gpu, fe = self.gpu, self.front_end
         if fe is not None and c.era == "v0":
-            # V0 detokenized and streamed each step's outputs in the engine's own loop, serial with the GPU (one
-            # process before 0.6's multiprocessing front end): a streamed token is a host cost per sequence of the
-            # step, and the server adds none after it
+            # V0's LLMEngine detokenized each step's outputs in its own loop, serial with the GPU: a token's
+            # detokenization is a host cost per sequence of the step; the server still writes the chunks
             gpu = replace(gpu, host_seq_s=gpu.host_seq_s + fe.output_token_s)
             self.front_end = replace(fe, output_token_s=0.0)
         self.step_model = StepModel(self.shape, gpu, c)
