@@ -7,9 +7,9 @@ and ``chunk_s`` per SSE chunk (the response object, its JSON, the write). This s
 here: one real ``vllm serve`` of the tiny local model (scripts/build_tiny_model.py), bursts of ``--requests``
 streamed requests sent at once, and the API-server process's CPU seconds over each burst (``vllm serve``'s main
 process; the engine core and its worker are its children and are not counted). Three completion bursts separate the
-three costs (a short prompt and one output token; a long prompt; many output tokens) and a chat burst adds the chat
-template's and a chat long-output burst a chat chunk's; ``--repeats`` rounds of the five, each burst's median round counting. A second server, started with
-``--stream-interval``, runs the long-output burst again: the same tokens in fewer SSE chunks (the client counts
+three costs (a short prompt and one output token; a long prompt; many output tokens), a chat burst adds the chat
+template's and a chat long-output burst a chat chunk's; ``--repeats`` rounds of the five, each burst's median round
+counting. A second server, started with ``--stream-interval``, runs the long-output burst again: the same tokens in fewer SSE chunks (the client counts
 them), which splits a streamed token's cost into the per-token and the per-chunk part.
 
 The burst's requests/s here is not the API server's ceiling: on two shared cores the engine's own CPU forward
