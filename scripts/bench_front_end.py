@@ -9,8 +9,9 @@ streamed requests sent at once, and the API-server process's CPU seconds over ea
 process; the engine core and its worker are its children and are not counted). Three completion bursts separate the
 three costs (a short prompt and one output token; a long prompt; many output tokens), a chat burst adds the chat
 template's and a chat long-output burst a chat chunk's; ``--repeats`` rounds of the five, each burst's median round
-counting. A second server, started with ``--stream-interval``, runs the long-output burst again: the same tokens in fewer SSE chunks (the client counts
-them), which splits a streamed token's cost into the per-token and the per-chunk part.
+counting. A second server, started with ``--stream-interval``, runs the long-output burst again: the same tokens in
+fewer SSE chunks (the client counts them), which splits a streamed token's cost into the per-token and the
+per-chunk part.
 
 The burst's requests/s here is not the API server's ceiling: on two shared cores the engine's own CPU forward
 and this script's client take most of the time, which is why the CPU seconds, not the wall time, are the
