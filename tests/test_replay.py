@@ -125,8 +125,10 @@ def test_open_loop_does_not_wait_for_earlier_requests(server):
     ends = [r.end_s for r in rep.results]
     assert sends[5] < ends[0]  # request 5 left before request 0 finished
     assert [r.scheduled_s for r in rep.results] == pytest.approx([i * 0.02 for i in range(10)])
-    # sent on time: the median lag (one stalled send does not move it; a closed loop would: ~130 ms each)
-    assert statistics.median(r.sent_s - r.scheduled_s for r in rep.results) < 0.05
+    # sent on time: the median lag under half a request's 430 ms. A closed loop sends each request when the one
+    # before it ends, ~410 ms later than scheduled per request before it: a median lag of ~1.8 s. A loaded CI host
+    # delays an open loop's sends too (128 ms once, with six test workers on two cores), never by requests
+    assert statistics.median(r.sent_s - r.scheduled_s for r in rep.results) < 0.215
 
 
 def test_load_factor_scales_arrivals(server):
