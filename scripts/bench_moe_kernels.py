@@ -25,6 +25,7 @@ import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,36 +65,36 @@ def mdape(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(abs(p / m - 1) for m, p in pairs) if pairs else float("nan")
 
 
-def fit_call_costs(tables: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
-    """The H100's fused-MoE call costs fitted on the fit tables' rows where the reads bind (log loss)."""
+def _fit_h100(tables: list[dict[str, Any]], start: dict[str, float], bounds: dict[str, tuple[float, float]],
+              keep: Callable[[dict[str, Any], int], bool]) -> tuple[dict[str, float], float]:
+    """``start``'s constants of the H100 profile fitted (log loss) on the fit tables' rows ``keep(table, batch)``."""
     from autotune.sim.fit import fit, log_loss
 
     mine = [t for t in tables if t.get("split") == "fit" and t["gpu"] == FIT_GPU]
     base = GPUS[FIT_GPU]
-    start = {"moe_call_s": base.moe_call_s, "moe_expert_s": base.moe_expert_s,
-             "expert_bandwidth_efficiency": base.expert_bandwidth_efficiency or base.bandwidth_efficiency}
 
     def loss(c: dict[str, float]) -> float:
         gpus = {**GPUS, FIT_GPU: replace(base, **c)}
-        return log_loss((m, p) for t in mine for b, m, p in predicted_us(t, gpus) if b <= FIT_MAX_TOKENS)
+        return log_loss((m, p) for t in mine for b, m, p in predicted_us(t, gpus) if keep(t, b))
 
-    return fit(loss, start, MOE_CALL_BOUNDS, points=9, rounds=6)
+    return fit(loss, start, bounds, points=9, rounds=6)
+
+
+def fit_call_costs(tables: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
+    """The H100's fused-MoE call costs fitted on the fit tables' rows where the reads bind (log loss)."""
+    base = GPUS[FIT_GPU]
+    start = {"moe_call_s": base.moe_call_s, "moe_expert_s": base.moe_expert_s,
+             "expert_bandwidth_efficiency": base.expert_bandwidth_efficiency or base.bandwidth_efficiency}
+    return _fit_h100(tables, start, MOE_CALL_BOUNDS, lambda t, b: b <= FIT_MAX_TOKENS)
 
 
 def fit_fp8_grouped_share(tables: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
     """The H100's share of the fp8 rate that Triton's W8A8 fused MoE reaches in its grouped GEMMs, fitted on the fit
     tables' fp8 rows above ``FIT_MAX_TOKENS`` tokens, where the GEMMs bind (log loss)."""
-    from autotune.sim.fit import fit, log_loss
-
-    mine = [t for t in tables if t.get("split") == "fit" and t["gpu"] == FIT_GPU and t["dtype"] == "fp8_w8a8"]
     base = GPUS[FIT_GPU]
-
-    def loss(c: dict[str, float]) -> float:
-        gpus = {**GPUS, FIT_GPU: replace(base, **c)}
-        return log_loss((m, p) for t in mine for b, m, p in predicted_us(t, gpus) if b > FIT_MAX_TOKENS)
-
     start = {"fp8_grouped_gemm_share": base.fp8_grouped_gemm_share or base.grouped_gemm_share}
-    return fit(loss, start, {"fp8_grouped_gemm_share": (0.05, 1.0)}, points=9, rounds=6)
+    return _fit_h100(tables, start, {"fp8_grouped_gemm_share": (0.05, 1.0)},
+                     lambda t, b: t["dtype"] == "fp8_w8a8" and b > FIT_MAX_TOKENS)
 
 
 def main(argv: list[str] | None = None) -> int:
