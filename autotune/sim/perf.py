@@ -25,8 +25,8 @@ weights, the heads and the KV cache; pipeline parallelism splits the layers):
   over the link, and a fixed latency each: ``GpuProfile.allreduce_latency_s``, ~8 us by default);
   expert parallelism puts whole experts on each GPU, and the step waits for the GPU whose experts
   drew the most tokens; pipeline parallelism runs micro-batches through its stages (``seconds``);
-- plus host overhead: scheduling, sampling and detokenizing (``GpuProfile.host_step_s`` +
-  ``host_seq_s`` per sequence, 1.2 ms + 4 us by default; --async-scheduling overlaps about half of it
+- plus host overhead: scheduling, sampling and input preparation (``GpuProfile.host_step_s`` +
+  ``host_seq_s`` per sequence, 40 us + 37.5 us on a GPU host; --async-scheduling overlaps about half of it
   with the GPU) and kernel launches: with CUDA graphs, a decode-only batch that fits a captured size
   replays one graph (``graph_layer_s`` per layer, ~5 us: the layer's small kernels and the gaps between
   them), a mixed batch runs piecewise graphs (~25 us per layer);

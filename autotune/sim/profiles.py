@@ -41,6 +41,19 @@ __all__ = ["GpuProfile", "GPUS", "CALIBRATED", "MODELS", "gpu_profile", "model_s
 
 MiB = 1 << 20
 
+# The host's cost of a step, a GPU host's default (GpuProfile.host_step_s, host_seq_s):
+# - fixed: vLLM's own scheduler, measured on real vLLM (scripts/bench_scheduler.py, bench/scheduler_cpu.json: 40 us
+#   + 17 us per running request a decode step on this project's VM; the per-request part is inside HOST_SEQ_S);
+# - per scheduled sequence: 37.5 us, fitted with the 40 us fixed by `scripts/bench_sim_fidelity.py --fit-host
+#   h100-80gb` on the fit part's H100 points (log loss 0.0383 at the 12.5 us it was -> 0.0142; both free: 0 and
+#   37.5 us). The A100's fit part, fitted on its own (`--fit-host a100-80gb`), gives 0 and 40.6 us (log loss 0.0142
+#   against 0.0143 at these two and 0.0205 at the 1.2 ms + 4 us every GPU but the Hopper ones had kept): the cost
+#   is vLLM's on the host's CPU, whichever GPU it drives. Earlier per-sequence values: 28 us (Lambda replayed with
+#   log-normal lengths), 12.5 us; it had been flat while the API server's per-token ceiling capped the large
+#   batches, until V1's merged chunks lifted that ceiling (perf.FrontEnd).
+SCHEDULER_STEP_S = 40e-6
+HOST_SEQ_S = 37.5e-6
+
 
 @dataclass(frozen=True)
 class GpuProfile:
@@ -56,11 +69,12 @@ class GpuProfile:
     # one all-reduce's fixed latency under tensor parallelism (two per layer); default ~8 us, a
     # one-shot custom all-reduce over NVLink (perf.py); fitted where a TP point exists
     allreduce_latency_s: float = 8e-6
-    # the host's share of a step (perf.py): scheduling, sampling and detokenizing cost host_step_s +
-    # host_seq_s per sequence (round numbers from published vLLM profiles: 1.2 ms + 4 us); with
-    # --enforce-eager every kernel launches on its own, eager_layer_s a layer (~15 kernels of ~6 us)
-    host_step_s: float = 1.2e-3
-    host_seq_s: float = 4e-6
+    # the host's share of a step (perf.py): scheduling, sampling and input preparation cost host_step_s +
+    # host_seq_s per sequence: vLLM's work on the host's CPU, the same whatever the GPU (SCHEDULER_STEP_S,
+    # HOST_SEQ_S below); with --enforce-eager every kernel launches on its own, eager_layer_s a layer (~15
+    # kernels of ~6 us)
+    host_step_s: float = SCHEDULER_STEP_S
+    host_seq_s: float = HOST_SEQ_S
     eager_layer_s: float = 100e-6
     # a decode step replayed from a CUDA graph, per layer: the GPU time of the kernels other than the GEMMs and
     # the KV reads, and the gaps between kernels (perf.py); ~5 us. bench/gpu_layer_*.json measured 22 us on the
@@ -114,26 +128,14 @@ class _Shares(TypedDict):
 # - H100 SXM and H200: measured, not fitted, by scripts/gpu_microbench.py (bench/gpu_microbench_h100.json,
 #   _h200.json): the bandwidth share is that of the layer GEMMs of Qwen3-8B/32B and Llama-3-8B/70B-TP4 at
 #   decode batch sizes (weight-read bound), the compute share theirs at prefill sizes; attention's are causal
-#   flash attention (SDPA, GQA) at long prompts and decode attention's reads of the KV cache. Their host
-#   share (host_step_s, host_seq_s) is fitted by `scripts/bench_sim_fidelity.py --fit-host h100-80gb` on the
-#   fit part's H100 points only (gpustack Qwen3-8B c1-c8, Lambda Llama-3 8B and 70B TP4 replayed with the
-#   per-request lengths Lambda saved, gpt-oss-20b's groups; bench/sim_fidelity.md): no fixed cost per step is left
-#   once the GEMMs take what they measure (V1 overlaps it with the GPU), only a cost per scheduled sequence. The
-#   H200 takes it (the same vLLM on a host CPU).
+#   flash attention (SDPA, GQA) at long prompts and decode attention's reads of the KV cache.
 # - A100: (bandwidth, compute) fitted by `--fit` on the fit part only (gpustack Qwen3-32B/A100, Lambda
-#   Llama-3 8B); no A100 was measured.
+#   Llama-3 8B); no A100 was measured. 0.70 / 0.60 again under the host's default cost.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
-# - Host per step (H100, H200): vLLM's own scheduler's fixed cost, measured on real vLLM (scripts/bench_scheduler.py,
-#   bench/scheduler_cpu.json: 40 us + 17 us per running request a decode step on this project's VM; the per-request
-#   part is inside the fitted host_seq_s, which also holds the worker's input preparation and sampling). The
-#   per-sequence cost is 37.5 us, fitted with the measured 40 us fixed (a 1-D fit of host_seq_s on the fit part's
-#   H100 points; --fit-host, both free, gives 0 and 37.5 us): log loss 0.0383 at the 12.5 us it was -> 0.0142. It
-#   had been flat (31 us at 0.0418 against 0.0431) while the API server's per-token ceiling capped the large
-#   batches; since V1's merged chunks lift that ceiling (perf.FrontEnd), those batches show the host's cost.
-#   Earlier values: 28 us (Lambda replayed with log-normal lengths), 12.5 us.
-# The other GPUs keep the defaults (no calibration point, no measurement).
-SCHEDULER_STEP_S = 40e-6
-H100_HOST_SEQ_S = 37.5e-6
+# - The host's cost of a step: every GPU's default (SCHEDULER_STEP_S, HOST_SEQ_S above), fitted on the H100's and
+#   the A100's fit points (with its per-sequence part, the fit part's H100 points leave no fixed cost beyond the
+#   scheduler's: V1 overlaps it with the GPU).
+# The other GPUs keep the default shares (no calibration point, no measurement).
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
     "compute_efficiency": 0.712,
@@ -160,14 +162,16 @@ HOPPER_FP8_GROUPED_GEMM = 0.206
 A100_GROUPED_GEMM = 0.55
 # - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
 #   it reaches 0.288 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
-#   a100-80gb` on the fit part's gpt-oss-20b A100 points (log loss 0.0765 -> 0.0411), whose 32K-token prompts were
-#   1.64x too fast while the same runs on an H100 (FlashAttention 3) were within 3 %
-A100_SINK_ATTENTION = 0.288
+#   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411; 0.228 once the A100 took
+#   the host's default cost, log loss 0.0125), whose 32K-token prompts were 1.64x too fast while the same runs on an
+#   H100 (FlashAttention 3) were within 3 %
+A100_SINK_ATTENTION = 0.228
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
 #   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
-#   at the bf16 rate). The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
-A100_WEIGHT_ONLY = 0.6
+#   at the bf16 rate): 0.6, and 0.7 once the A100 took the host's default cost (log loss 0.0113), which those
+#   batches of hundreds of sequences pay. The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
+A100_WEIGHT_ONLY = 0.7
 # - A fused-MoE call (H100): 30.9 us fixed and 0.376 us per routed expert it touches, its expert reads at 0.934 of the
 #   bandwidth, fitted by `scripts/bench_moe_kernels.py --fit` on public benchmark_moe.py tables of the H100
 #   (Qwen3-30B-A3B fp8 and Mixtral bf16, vllm#24700; rows of up to 128 tokens, where the reads bind). At batch 1 the
@@ -190,8 +194,6 @@ GPUS: dict[str, GpuProfile] = {
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
-        host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=H100_HOST_SEQ_S,
     ),
     # what-if only (bench_sim_fidelity.py --gpu-as): the SXM part's measured shares on the PCIe part's peaks
     "h100-pcie-80gb": GpuProfile(
@@ -206,8 +208,6 @@ GPUS: dict[str, GpuProfile] = {
         fp8_grouped_gemm_share=HOPPER_FP8_GROUPED_GEMM,
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1513e12,
-        host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=H100_HOST_SEQ_S,
     ),
     "h200-141gb": GpuProfile(
         "NVIDIA H200",
@@ -225,8 +225,6 @@ GPUS: dict[str, GpuProfile] = {
         expert_bandwidth_efficiency=HOPPER_EXPERT_BANDWIDTH,
         fp8_flops=1979e12,
         allreduce_latency_s=10e-6,
-        host_step_s=SCHEDULER_STEP_S,
-        host_seq_s=H100_HOST_SEQ_S,
     ),
     "a100-80gb": GpuProfile(
         "NVIDIA A100-SXM4-80GB",
