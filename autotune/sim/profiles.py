@@ -71,7 +71,7 @@ class GpuProfile:
     allreduce_latency_s: float = 8e-6
     # the host's share of a step (perf.py): scheduling, sampling and input preparation cost host_step_s +
     # host_seq_s per sequence: vLLM's work on the host's CPU, the same whatever the GPU (SCHEDULER_STEP_S,
-    # HOST_SEQ_S below); with --enforce-eager every kernel launches on its own, eager_layer_s a layer (~15
+    # HOST_SEQ_S above); with --enforce-eager every kernel launches on its own, eager_layer_s a layer (~15
     # kernels of ~6 us)
     host_step_s: float = SCHEDULER_STEP_S
     host_seq_s: float = HOST_SEQ_S
@@ -133,8 +133,8 @@ class _Shares(TypedDict):
 #   Llama-3 8B); no A100 was measured. 0.70 / 0.60 again under the host's default cost.
 # - All-reduce latency: fitted by `--fit-allreduce` on the fit part's only TP points (Lambda Llama-3-70B TP4).
 # - The host's cost of a step: every GPU's default (SCHEDULER_STEP_S, HOST_SEQ_S above), fitted on the H100's and
-#   the A100's fit points (with its per-sequence part, the fit part's H100 points leave no fixed cost beyond the
-#   scheduler's: V1 overlaps it with the GPU).
+#   the A100's fit points: beyond the scheduler's measured 40 us, neither leaves a fixed cost a step (V1 overlaps
+#   it with the GPU), only a cost a scheduled sequence.
 # The other GPUs keep the default shares (no calibration point, no measurement).
 _H100_MEASURED: _Shares = {
     "bandwidth_efficiency": 0.66,
@@ -161,10 +161,10 @@ HOPPER_GROUPED_GEMM = 0.55
 HOPPER_FP8_GROUPED_GEMM = 0.206
 A100_GROUPED_GEMM = 0.55
 # - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
-#   it reaches 0.288 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
-#   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411; 0.228 once the A100 took
-#   the host's default cost, log loss 0.0125), whose 32K-token prompts were 1.64x too fast while the same runs on an
-#   H100 (FlashAttention 3) were within 3 %
+#   it reaches 0.228 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
+#   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411, while the A100 kept the
+#   old host default; 0.228, log loss 0.0125, with the host's default cost), whose 32K-token prompts were 1.64x too
+#   fast while the same runs on an H100 (FlashAttention 3) were within 3 %
 A100_SINK_ATTENTION = 0.228
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
