@@ -207,11 +207,13 @@ def test_the_served_max_num_seqs_is_the_published_one(production):
         before = scrape(url, client)
         for t in threads:
             t.start()
-        while any(t.is_alive() for t in threads):
-            running.append(scrape(url, client).gauges.get("running", 0.0))
-            time.sleep(0.05)
-        for t in threads:
-            t.join()
+        try:
+            while any(t.is_alive() for t in threads):
+                running.append(scrape(url, client).gauges.get("running", 0.0))
+                time.sleep(0.05)
+        finally:  # a failed scrape must not leave these requests running into the next test's window
+            for t in threads:
+                t.join()
         after = scrape(url, client)
     assert not errors, errors
     assert running and max(running) <= WINNER["max_num_seqs"], running

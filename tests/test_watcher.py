@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import socket
+import threading
 import time
 
 import httpx
@@ -280,6 +282,33 @@ def test_histogram_quantile_is_prometheus_interpolation():
     assert empty.quantile(0.5) is None and empty.mean is None
     with pytest.raises(ValueError):
         h.quantile(95)
+
+
+def test_a_scrape_on_a_connection_the_server_drops_is_sent_again():
+    """A kept-alive connection the server closes as the GET goes out (uvicorn's idle timeout on a busy loop):
+    one more try on a new connection, not an error. A real socket server that reads the first request and closes."""
+    body = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 2.0\n" \
+           "# TYPE vllm:request_success_total counter\nvllm:request_success_total{engine=\"0\"} 5.0\n"
+    served: list[str] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def serve() -> None:
+            for answer in (False, True):
+                conn, _ = server.accept()
+                with conn:
+                    served.append(conn.recv(65536).decode().split("\r\n", 1)[0])
+                    if answer:
+                        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                                     f"Connection: close\r\n\r\n{body}".encode())
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            snap = scrape(f"http://127.0.0.1:{port}", client)
+        thread.join(5)
+    assert served == ["GET /metrics HTTP/1.1"] * 2
+    assert snap.gauges["running"] == 2.0 and snap.counters["requests"] == 5.0
 
 
 def test_parse_metrics_sums_over_labels_and_ignores_created():

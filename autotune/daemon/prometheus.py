@@ -155,7 +155,12 @@ def scrape(url: str, client: httpx.Client | None = None, timeout: float = 5.0) -
         with httpx.Client(timeout=timeout, trust_env=False) as own:
             resp = own.get(target)
     else:
-        resp = client.get(target, timeout=timeout)
+        try:
+            resp = client.get(target, timeout=timeout)
+        except httpx.RemoteProtocolError:
+            # a kept-alive connection the server closed as this GET went out (vLLM's uvicorn closes idle ones after
+            # 5 s, late on a busy event loop): the GET is idempotent, so once more, on a new connection
+            resp = client.get(target, timeout=timeout)
     resp.raise_for_status()
     t, wall = time.monotonic(), time.time()
     snap = parse_metrics(resp.text, t, wall)
