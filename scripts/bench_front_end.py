@@ -27,6 +27,15 @@ counts the chunks a request gets from bursts of so many concurrent streams (benc
     .venv/bin/python scripts/bench_front_end.py --streams 64,100,128,160,200,256 --repeats 3 \
         --json bench/front_end_merging.json     # ~2 min
 
+``--order`` instead times each request of bursts of several sizes, sent at once over connections opened
+beforehand (a raw-socket client, which costs this host far less than the API server does): how long the first
+token of the burst's first answer takes as the burst grows is what the API server does for every request of the
+burst before it hands the first one to the engine (the request handler's part before the tokenizer's thread,
+``perf.FrontEnd.render_share``; bench/front_end_order.json):
+
+    .venv/bin/python scripts/bench_front_end.py --order 50,100,200,400 --repeats 5 \
+        --json bench/front_end_order.json     # ~3 min
+
 Needs scripts/install_cpu.sh's vLLM beside the interpreter.
 """
 
@@ -245,6 +254,12 @@ def main() -> int:
         help="instead: long-output bursts of these many concurrent streams (e.g. 64,100,128,160,200,256), to see "
         "how many SSE chunks a request gets: V1 merges a request's tokens only across steps of one output slice",
     )
+    ap.add_argument(
+        "--order",
+        help="instead: bursts of these many requests (e.g. 50,100,200,400), each request's first token timed, to "
+        "see how much of a request's cost the API server spends on every request of a burst before the first "
+        "reaches the engine",
+    )
     ap.add_argument("--json", type=Path, help="write the rows and the fitted figures here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
@@ -256,6 +271,8 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         ref = reference_loop_s()
+        if a.order:
+            return order(model, a, [int(x) for x in a.order.split(",")], ref)
         if a.streams:
             return merging(model, a, [int(x) for x in a.streams.split(",")], ref)
         n = a.requests
@@ -354,6 +371,114 @@ def merging(model: Path, a: argparse.Namespace, streams: list[int], ref: float) 
     if a.json:
         result = {"host": {"cpu": _cpu_model(), "cores": psutil.cpu_count(), "reference_loop_s": round(ref, 3)},
                   "vllm": _vllm_version(), "output_tokens": a.output_tokens, "rounds": rounds}
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def _request_bytes(chat: bool, sentences: int) -> bytes:
+    """One streamed request of one token, as HTTP/1.1 bytes (the raw-socket client of ``--order``)."""
+    body: dict = {"model": "tiny", "max_tokens": 1, "stream": True, "ignore_eos": True, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": SENTENCE * sentences}]
+    else:
+        body["prompt"] = SENTENCE * sentences
+    data = json.dumps(body).encode()
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    return (head + "\r\n\r\n").encode() + data
+
+
+async def timed_burst(port: int, n: int, chat: bool) -> list[float]:
+    """``n`` requests written at once on connections opened beforehand; each one's time to its first SSE event,
+    in the order they were sent (seconds from the first write)."""
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]
+    await asyncio.sleep(0.5)  # the server has accepted them all before the burst
+    request = _request_bytes(chat, SHORT)
+    first = [0.0] * n
+
+    async def read(i: int, reader: asyncio.StreamReader) -> None:
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise RuntimeError(f"request {i} of the burst: the server closed the connection")
+            if not first[i] and b"data: {" in seen[-8:] + chunk:
+                first[i] = time.perf_counter()
+            seen += chunk
+
+    readers = [asyncio.create_task(read(i, r)) for i, (r, _) in enumerate(conns)]
+    t0 = time.perf_counter()
+    for _, w in conns:
+        w.write(request)
+    await asyncio.gather(*readers)
+    for _, w in conns:
+        w.close()
+    return [f - t0 for f in first]
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys over xs."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def order(model: Path, a: argparse.Namespace, sizes: list[int], ref: float) -> int:
+    """``--order``: bursts of each size, chat and completion, ``--repeats`` rounds on one server; each request's
+    time to its first token by send order, and the API server's CPU per request."""
+    runs: dict[str, dict[int, list[dict]]] = {"chat": {n: [] for n in sizes}, "completion": {n: [] for n in sizes}}
+    with tempfile.TemporaryDirectory(prefix="bench-front-end-") as tmp:
+        proc, _ = start_vllm(model, a.port, Path(tmp))
+        try:
+            api = psutil.Process(proc.pid)
+            asyncio.run(timed_burst(a.port, 32, True))  # warm-up
+            for _ in range(a.repeats):
+                for n in sizes:
+                    for api_name in runs:
+                        c0 = cpu_s(api)
+                        first = asyncio.run(timed_burst(a.port, n, api_name == "chat"))
+                        tenth = sorted(first[: max(1, n // 10)])
+                        runs[api_name][n].append({
+                            "first_token_s": round(min(first), 4),
+                            "first_tenth_p50_s": round(tenth[len(tenth) // 2], 4),
+                            "p50_s": round(sorted(first)[n // 2], 4),
+                            "last_token_s": round(max(first), 4),
+                            "api_server_cpu_ms_per_request": round(1000 * (cpu_s(api) - c0) / n, 3),
+                        })
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(60)
+
+    def median(rows: list[dict], key: str) -> float:
+        xs = sorted(r[key] for r in rows)
+        return xs[len(xs) // 2]
+
+    fits = {}
+    print(f"host: {_cpu_model()}, reference loop {ref:.3f} s; vLLM {_vllm_version()}")
+    print(f"{'api':<11} {'burst':>6} {'first token ms':>15} {'first tenth p50':>16} {'p50 ms':>8} {'last ms':>8} "
+          f"{'API CPU ms/req':>15}")
+    for api_name, by_n in runs.items():
+        for n, rows in by_n.items():
+            print(f"{api_name:<11} {n:>6} {1000 * median(rows, 'first_token_s'):>15.0f} "
+                  f"{1000 * median(rows, 'first_tenth_p50_s'):>16.0f} {1000 * median(rows, 'p50_s'):>8.0f} "
+                  f"{1000 * median(rows, 'last_token_s'):>8.0f} {median(rows, 'api_server_cpu_ms_per_request'):>15}")
+        xs = [float(n) for n in sizes]
+        # what the server does for every request of the burst before the first token of any leaves: the slope
+        # of the first token's time over the burst's size; against the API server's CPU a request
+        before_first = _slope(xs, [median(by_n[n], "first_token_s") for n in sizes])
+        whole = _slope(xs, [median(by_n[n], "last_token_s") for n in sizes])
+        cpu = median([r for rows in by_n.values() for r in rows], "api_server_cpu_ms_per_request") / 1000
+        fits[api_name] = {
+            "before_first_token_s_per_request": round(before_first, 7),
+            "last_token_s_per_request": round(whole, 7),
+            "api_server_cpu_s_per_request": round(cpu, 7),
+            "render_share": round(before_first / cpu, 3),
+        }
+        print(f"{api_name}: before the first token {1e3 * before_first:.3f} ms a request of the burst, the last token "
+              f"{1e3 * whole:.3f} ms; API server CPU {1e3 * cpu:.3f} ms a request: render share "
+              f"{before_first / cpu:.2f}")
+    if a.json:
+        result = {"host": {"cpu": _cpu_model(), "cores": psutil.cpu_count(), "reference_loop_s": round(ref, 3)},
+                  "vllm": _vllm_version(), "sizes": sizes, "runs": runs, "fits": fits}
         a.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

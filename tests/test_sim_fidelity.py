@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -197,30 +198,36 @@ def test_a_v0_engine_detokenizes_in_its_own_loop_and_a_v1_api_server_in_its_proc
     assert v1.step_model.gpu.host_seq_s == gpu.host_seq_s and v1.front_end == fe
 
 
+def _deliver(fe: FrontEnd, now: float, outputs: list) -> list:
+    """A step's tokens handed to the API server at ``now``; the tokens whose time at the client is known by then."""
+    fe.deliver(now, outputs)
+    return fe.run(now)[1]
+
+
 def test_a_v1_api_server_that_falls_behind_sends_the_tokens_that_waited_in_one_chunk_a_request():
     token, chunk = 1e-5, 1e-4
     fe = FrontEnd(output_token_s=token, chunk_s=chunk)
     # idle: a step's tokens are detokenized, then each request's stream sends its chunk
-    assert fe.deliver(0.0, [("a", "a1"), ("b", "b1")]) == [("a1", pytest.approx(2 * token + chunk)),
-                                                          ("b1", pytest.approx(2 * token + 2 * chunk))]
+    assert _deliver(fe, 0.0, [("a", "a1"), ("b", "b1")]) == [("a1", pytest.approx(2 * token + chunk)),
+                                                             ("b1", pytest.approx(2 * token + 2 * chunk))]
     # two more steps end while the process is busy: its next yield takes them both
     busy = 2 * (token + chunk)
-    assert fe.deliver(1e-4, [("a", "a2"), ("b", "b2")]) == []
-    assert fe.deliver(1.5e-4, [("a", "a3"), ("b", "b3")]) == []
+    assert _deliver(fe, 1e-4, [("a", "a2"), ("b", "b2")]) == []
+    assert _deliver(fe, 1.5e-4, [("a", "a3"), ("b", "b3")]) == []
     # the handler runs them back to back without yielding, so each request's two tokens leave in one chunk; the
     # step that ended after that yield waits for the next
-    done = fe.deliver(3e-4, [("a", "a4")])
+    done = _deliver(fe, 3e-4, [("a", "a4")])
     assert done == [("a2", pytest.approx(busy + 4 * token + chunk)), ("a3", pytest.approx(busy + 4 * token + chunk)),
                     ("b2", pytest.approx(busy + 4 * token + 2 * chunk)),
                     ("b3", pytest.approx(busy + 4 * token + 2 * chunk))]
-    assert fe.flush() == [("a4", pytest.approx(busy + 5 * token + 3 * chunk))]
+    assert fe.run(math.inf) == ([], [("a4", pytest.approx(busy + 5 * token + 3 * chunk))])
     assert not fe.pending
     # V0 sends every token in its own chunk, in the order the steps made them
     v0 = fe.reset(merge=False)
-    v0.deliver(0.0, [("a", "a1"), ("b", "b1")])
-    v0.deliver(1e-4, [("a", "a2"), ("b", "b2")])
-    v0.deliver(1.5e-4, [("a", "a3"), ("b", "b3")])
-    assert [t for t, _ in v0.flush()] == ["a2", "b2", "a3", "b3"]
+    _deliver(v0, 0.0, [("a", "a1"), ("b", "b1")])
+    _deliver(v0, 1e-4, [("a", "a2"), ("b", "b2")])
+    _deliver(v0, 1.5e-4, [("a", "a3"), ("b", "b3")])
+    assert [t for t, _ in v0.run(math.inf)[1]] == ["a2", "b2", "a3", "b3"]
     assert v0.free_s == pytest.approx(6 * (token + chunk))
 
 
@@ -229,15 +236,63 @@ def test_a_step_of_more_requests_than_a_slice_streams_every_token_in_a_chunk_of_
 
     fe = FrontEnd(output_token_s=1e-5, chunk_s=1e-4)
     n = OUTPUT_SLICE + 72  # two slices a step, with a yield between them
-    first = fe.deliver(0.0, [(r, (r, 1)) for r in range(n)])
+    first = _deliver(fe, 0.0, [(r, (r, 1)) for r in range(n)])
     assert [tok for tok, _ in first] == [(r, 1) for r in range(n // 2)]  # the first slice goes out at the yield
     # the next step ends long before the process is done with this one
-    assert fe.deliver(1e-3, [(r, (r, 2)) for r in range(n)]) == []
-    sent = first + fe.flush()
+    assert _deliver(fe, 1e-3, [(r, (r, 2)) for r in range(n)]) == []
+    sent = first + fe.run(math.inf)[1]
     assert sorted(tok for tok, _ in sent) == sorted((r, k) for r in range(n) for k in (1, 2))
     at = dict(sent)
     assert all(at[(r, 1)] < at[(r, 2)] for r in range(n))  # no request's two tokens shared a chunk
     assert fe.free_s == pytest.approx(2 * n * (1e-5 + 1e-4))
+
+
+def test_a_burst_renders_in_full_before_its_first_request_reaches_the_engine():
+    request, share, n = 0.01, 0.4, 10
+    fe = FrontEnd(request_s=request, prompt_token_s=1e-5, render_share=share, latency_s=0.002)
+    for i in range(n):
+        fe.arrive(0.0, i, 100)
+    admitted, _ = fe.run(math.inf)
+    rest = request * (1 - share) + 100 * 1e-5
+    assert [i for _, i in admitted] == list(range(n))  # first come, first admitted
+    assert [t for t, _ in admitted] == [pytest.approx(n * request * share + k * rest + 0.002) for k in range(1, n + 1)]
+    # a request that arrives on its own goes through both parts at once
+    alone = FrontEnd(request_s=request, prompt_token_s=1e-5, render_share=share)
+    alone.arrive(1.0, "x", 100)
+    assert alone.run(math.inf)[0] == [(pytest.approx(1.0 + request + 100 * 1e-5), "x")]
+    # the HTTP server's engine (realtime.py) admits one request after another, whole
+    assert alone.reset().admit(2.0, 100) == pytest.approx(2.0 + request + 100 * 1e-5)
+
+
+def test_the_output_handler_takes_turns_with_the_admissions_of_a_burst():
+    request, token, chunk = 0.01, 1e-4, 2e-4
+    fe = FrontEnd(request_s=request, output_token_s=token, chunk_s=chunk, render_share=0.5)
+    for i in range(10):
+        fe.arrive(0.0, i, 0)
+    # the whole burst is rendered (50 ms) before the first request reaches the engine, then one after another
+    admitted, _ = fe.run(0.057)
+    assert admitted == [(pytest.approx(0.055), 0), (pytest.approx(0.06), 1)]
+    # the first request's token comes back while eight wait for their second part: the handler has the next turn
+    fe.deliver(0.058, [(0, "tok")])
+    admitted, sent = fe.run(0.0601)
+    assert (admitted, sent) == ([], [("tok", pytest.approx(0.06 + token + chunk))])
+    admitted, sent = fe.run(math.inf)
+    assert admitted == [(pytest.approx(0.06 + token + chunk + k * 0.005), k + 1) for k in range(1, 9)]
+
+
+def test_a_bursts_first_tokens_stream_while_the_rest_is_admitted_and_come_later_as_it_grows():
+    # what bench/front_end_order.json measured on real vLLM: the burst's first token comes later the larger the
+    # burst (every request is rendered first), and well before the last request's
+    gpu, fe = GPUS["h100-80gb"], FrontEnd(request_s=2e-3, render_share=0.33, output_token_s=1e-5, chunk_s=3e-5)
+
+    def first_tokens(n: int) -> list[float]:
+        burst = Workload(tuple(Request(arrival_s=0.0, output_tokens=1, prompt_tokens=64) for _ in range(n)), "b")
+        return [r.ttft for r in simulate(_engine(gpu, fe), burst)]
+
+    small, large = first_tokens(100), first_tokens(400)
+    assert min(large) - min(small) == pytest.approx(300 * 2e-3 * 0.33, rel=0.1)
+    assert min(large) < 0.5 * max(large)
+    assert max(large) >= 400 * 2e-3
 
 
 def test_merged_chunks_lift_the_api_servers_ceiling_only_for_batches_of_one_slice():

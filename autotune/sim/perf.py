@@ -49,7 +49,7 @@ import bisect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from autotune.engine.model import WEIGHT_FORMATS, ModelShape
 from autotune.sim.config import SimConfig, capture_sizes
@@ -57,8 +57,6 @@ from autotune.sim.profiles import GpuProfile
 from autotune.sim.scheduler import StepPlan
 
 __all__ = ["StepModel"]
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -302,19 +300,28 @@ class FrontEnd:
     (the client, the socket, the ZMQ hop to the engine core): a floor under TTFT. Under a burst
     the serialized costs queue, which is the front-end's own throughput ceiling.
 
-    With ``merge`` (vLLM V1) outputs flow as V1's output handler moves them (``deliver``): it
-    processes the steps the engine core sent in order, each in slices of ``OUTPUT_SLICE``
-    requests, and yields to the event loop only between slices and when no step is queued. At a
-    yield each request's stream sends what its ``RequestOutputCollector`` gathered, in one chunk
-    (vllm#12298), and the handler takes the steps that have arrived since. So a process that
-    falls behind merges a request's tokens only across steps small enough to be one slice; a
-    step of more requests sends every token in a chunk of its own. V0 sends every token in a
-    chunk of its own, in step order.
+    The process is an asyncio event loop, and the model runs its work in the loop's order
+    (``run``). A request's handler runs in two parts: it renders the request (``render_share``
+    of ``request_s``: the body, its validation, the chat template) and hands the prompt to the
+    tokenizer's thread; the rest (the tokens, the engine request, the hop to the engine core)
+    runs when the thread is done. Handlers of requests that have arrived stand ahead in the
+    loop's queue of anything that becomes ready later, so a burst renders in full before its
+    first request reaches the engine; the second parts then take turns with the output handler,
+    so a burst's first requests stream tokens while the later ones are still being admitted.
 
-    ``admit`` and ``deliver`` advance the process's clock (``free_s``): ``admit`` is the model
-    the virtual-time engine (virtual.py) and the HTTP server's engine (realtime.py) both apply,
-    ``deliver`` the virtual-time engine's alone. The constants are measured on real vLLM
-    (``API_SERVER`` below, scripts/bench_front_end.py), the floor fitted.
+    With ``merge`` (vLLM V1) the output handler processes the steps the engine core sent in
+    order, each in slices of ``OUTPUT_SLICE`` requests, and yields to the event loop only
+    between slices and when no step is queued. At a yield each request's stream sends what its
+    ``RequestOutputCollector`` gathered, in one chunk (vllm#12298), and the handler takes the
+    steps that have arrived since. So a process that falls behind merges a request's tokens
+    only across steps small enough to be one slice; a step of more requests sends every token
+    in a chunk of its own. V0 sends every token in a chunk of its own, in step order.
+
+    ``arrive`` and ``deliver`` hand the process its work, ``run`` advances its clock
+    (``free_s``) as far as the work handed so far decides: that is the virtual-time engine's
+    model (virtual.py). ``admit`` is the HTTP server's engine's (realtime.py): the request side
+    alone, one request after another. The constants are measured on real vLLM (``API_SERVER``
+    below, scripts/bench_front_end.py), the floor fitted.
     """
 
     request_s: float = 0.0
@@ -322,82 +329,112 @@ class FrontEnd:
     output_token_s: float = 0.0
     chunk_s: float = 0.0
     latency_s: float = 0.0
+    render_share: float = 0.0
     merge: bool = True
     free_s: float = 0.0  # when the work the process has done so far ends
+    # the request handlers between two calls: requests not yet rendered (arrival, request, prompt tokens) and
+    # rendered ones waiting for their second part; whether a second part or the output handler has the next turn
+    rendering: list[tuple[float, Hashable, int]] = field(default_factory=list, init=False, repr=False)
+    adding: list[tuple[Hashable, int]] = field(default_factory=list, init=False, repr=False)
+    adds_next: bool = field(default=True, init=False, repr=False)
     # the output handler between two calls: the steps the engine core sent that it has not taken, the slices it took
-    # and has not processed, each request's tokens its stream has not sent, and whether it stands at a yield
+    # and has not processed, and the tokens that cost the process nothing (no output costs) to send as they come
     arrived: list[tuple[float, list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
     taken: list[list[list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
-    unsent: dict[Hashable, list[Any]] = field(default_factory=dict, init=False, repr=False)
-    at_yield: bool = field(default=True, init=False, repr=False)
+    passed: list[tuple[Any, float]] = field(default_factory=list, init=False, repr=False)
 
     def admit(self, now: float, prompt_tokens: int) -> float:
-        """When a request that reached the server at ``now`` reaches the engine core."""
+        """When a request that reached the server at ``now`` reaches the engine core, requests one after another."""
         start = max(now, self.free_s)
         self.free_s = start + self.request_s + self.prompt_token_s * prompt_tokens
         return self.free_s + self.latency_s
 
+    def arrive(self, now: float, request: Hashable, prompt_tokens: int) -> None:
+        """A request reached the server at ``now``; ``run`` says when it reaches the engine core."""
+        bisect.insort(self.rendering, (now, request, prompt_tokens), key=lambda r: r[0])
+
+    def deliver(self, now: float, outputs: Sequence[tuple[Hashable, Any]]) -> None:
+        """A step's new tokens, one ``(request, token)`` each, at the step's end ``now`` (steps in the order they
+        end); ``run`` says when each reaches its client."""
+        if not (self.output_token_s or self.chunk_s):
+            self.passed += [(token, now) for _, token in outputs]
+        elif outputs:  # the engine core sends nothing for a step that made no token (a prefill chunk)
+            self.arrived.append((now, list(outputs)))
+
     @property
     def pending(self) -> bool:
-        """Are there tokens the process has not yet sent?"""
-        return bool(self.arrived or self.taken or self.unsent)
+        """Is there work handed to the process that ``run`` has not finished?"""
+        return bool(self.rendering or self.adding or self.arrived or self.taken or self.passed)
 
-    def deliver(self, now: float, outputs: Sequence[tuple[Hashable, T]]) -> list[tuple[T, float]]:
-        """Hand the process a step's new tokens, one ``(request, token)`` each, at the step's end ``now`` (steps in
-        the order they end). Returns the tokens whose time at the client is now known, with that time: the process
-        runs as far as the steps that ended by ``now`` decide (``flush`` runs the rest)."""
-        if not (self.output_token_s or self.chunk_s):
-            return [(token, now) for _, token in outputs]
-        if outputs:  # the engine core sends nothing for a step that made no token (a prefill chunk)
-            self.arrived.append((now, list(outputs)))
-        return self._handle(now)
+    def run(self, known: float) -> tuple[list[tuple[float, Hashable]], list[tuple[Any, float]]]:
+        """Run the process while what it does depends only on the work handed to it for times up to ``known``
+        (``math.inf``: to its end). Returns the requests that reach the engine core, with when, and the tokens
+        whose time at the client is now known, with that time."""
+        admitted: list[tuple[float, Hashable]] = []
+        sent, self.passed = self.passed, []
+        while True:
+            start, work = self._next()
+            if start > known or start == math.inf:
+                return admitted, sent
+            if work == "render":
+                _, request, tokens = self.rendering.pop(0)
+                self.free_s = start + self.request_s * self.render_share
+                self.adding.append((request, tokens))
+            elif work == "add":
+                request, tokens = self.adding.pop(0)
+                self.free_s = start + self.request_s * (1 - self.render_share) + self.prompt_token_s * tokens
+                admitted.append((self.free_s + self.latency_s, request))
+                self.adds_next = False
+            else:
+                sent += self._handle(start)
+                self.adds_next = True
 
-    def flush(self) -> list[tuple[Any, float]]:
-        """Send everything the process holds, no further step coming; its tokens with their times at the client."""
-        return self._handle(math.inf)
+    @property
+    def next_at(self) -> float:
+        """When the process starts its next piece of work, as far as the work handed to it says (``math.inf``:
+        none)."""
+        return self._next()[0]
 
-    def _handle(self, known: float) -> list[tuple[Any, float]]:
-        """Run the output handler while what it does depends only on the steps that ended by ``known``."""
+    def _next(self) -> tuple[float, str]:
+        """The process's next piece of work and when it starts: a request's handler that has arrived goes first
+        (ahead in the loop's queue of whatever became ready after it), then the second parts of rendered requests
+        and the output handler take turns."""
+        render_at = max(self.free_s, self.rendering[0][0]) if self.rendering else math.inf
+        add_at = self.free_s if self.adding else math.inf
+        output_at = self.free_s if self.taken else max(self.free_s, self.arrived[0][0]) if self.arrived else math.inf
+        start = min(render_at, add_at, output_at)
+        if render_at == start:
+            return start, "render"
+        if add_at == start and (self.adds_next or output_at > start):
+            return start, "add"
+        return start, "output"
+
+    def _handle(self, start: float) -> list[tuple[Any, float]]:
+        """The output handler from ``start`` to its next yield: it takes the steps that have arrived, processes
+        slices until it yields, and each stream sends what it gathered."""
+        self.free_s = start
+        while self.arrived and self.arrived[0][0] <= start:
+            outputs = self.arrived.pop(0)[1]
+            n = math.ceil(len(outputs) / OUTPUT_SLICE) if self.merge else 1
+            self.taken.append([outputs[i * len(outputs) // n : (i + 1) * len(outputs) // n] for i in range(n)])
+        unsent: dict[Hashable, list[Any]] = {}
         done: list[tuple[Any, float]] = []
         while True:
-            if self.at_yield:
-                done += self._send()
-                if not self.taken and not (self.arrived and self.arrived[0][0] <= known):
-                    return done  # idle until the next step
-                start = self.free_s if self.taken else max(self.free_s, self.arrived[0][0])
-                if start > known:
-                    return done  # a step that ends before this yield may still come
-                self.free_s = start
-                while self.arrived and self.arrived[0][0] <= start:
-                    outputs = self.arrived.pop(0)[1]
-                    n = math.ceil(len(outputs) / OUTPUT_SLICE) if self.merge else 1
-                    self.taken.append([outputs[i * len(outputs) // n : (i + 1) * len(outputs) // n] for i in range(n)])
-                self.at_yield = False
             step = self.taken[0]
-            done += self._process(step.pop(0))
+            for request, token in step.pop(0):
+                self.free_s += self.output_token_s
+                if self.merge:
+                    unsent.setdefault(request, []).append(token)
+                else:  # V0: each token in its own chunk
+                    self.free_s += self.chunk_s
+                    done.append((token, self.free_s))
             if not step:
                 self.taken.pop(0)
-            self.at_yield = bool(step) or not self.taken
-
-    def _process(self, outputs: Sequence[tuple[Hashable, Any]]) -> list[tuple[Any, float]]:
-        """One slice: its tokens' detokenization into the requests' collectors; V0 sends each at once."""
-        done = []
-        for request, token in outputs:
-            self.free_s += self.output_token_s
-            if self.merge:
-                self.unsent.setdefault(request, []).append(token)
-            else:
-                self.free_s += self.chunk_s
-                done.append((token, self.free_s))
-        return done
-
-    def _send(self) -> list[tuple[Any, float]]:
-        """A yield: each stream with tokens gathered sends them in one chunk, in the order they were gathered."""
-        done = []
-        for tokens in self.unsent.values():
+            if step or not self.taken:
+                break  # a yield: between two slices of a step, or with no step taken
+        for tokens in unsent.values():
             self.free_s += self.chunk_s
             done += [(token, self.free_s) for token in tokens]
-        self.unsent.clear()
         return done
 
     def reset(self, merge: bool | None = None) -> FrontEnd:
@@ -417,6 +454,13 @@ class FrontEnd:
 # V0 points 0.0154 -> 0.0128; the request side is flat or wants it slower). Each figure is the median of the rounds
 # of bursts. latency_s is the path outside that process (the client, the socket, the hop to the engine core), a floor
 # under TTFT fitted on the fit part's V1 low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8;
-# bench/sim_fidelity.md).
-MEASURED_API_SERVER = FrontEnd(request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=15.5e-6, chunk_s=32.1e-6)
+# bench/sim_fidelity.md). render_share, the part of a request's cost its handler spends before it hands the prompt
+# to the tokenizer's thread, is measured on the same real vLLM (scripts/bench_front_end.py --order, raw-socket bursts
+# of 50-400 requests, bench/front_end_order.json): the first token of a burst comes 0.39 ms later for every chat
+# request in it, 0.21 ms for every completion, of 1.00 and 0.83 ms of the API server's CPU a request (0.39 and 0.26;
+# 0.33 their mean, as request_s is). The fit part, the form given, asks for the same (log loss of its V1 points at
+# 0 / 0.2 / 0.33 / 0.45 / 0.6: 0.0345 / 0.0303 / 0.0298 / 0.0305 / 0.0337).
+MEASURED_API_SERVER = FrontEnd(
+    request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=15.5e-6, chunk_s=32.1e-6, render_share=0.33
+)
 API_SERVER = replace(MEASURED_API_SERVER, latency_s=0.050)

@@ -9,9 +9,11 @@ apply unchanged, and so capacity means here what it means for a real engine.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 from autotune.engine.model import ModelShape
 from autotune.measure.metrics import RequestResult, summarize
@@ -196,7 +198,7 @@ def _run(
         if fe is None:
             sched.add(reqs[i])
         else:
-            heapq.heappush(admits, (fe.admit(at, reqs[i].prompt_len), i))
+            fe.arrive(at, i, reqs[i].prompt_len)
 
     def record(tokens: list[tuple[tuple[int, int, bool], float]], now: float) -> None:
         """Each (request, its n-th token, whether its last) with when its client has it."""
@@ -220,6 +222,13 @@ def _run(
         while held and in_flight < (max_concurrency or 0):
             send(held.popleft(), freed.pop(0) if freed else now)
 
+    def run_front_end(fe: FrontEnd, known: float) -> None:
+        """The API server as far as ``known``: the requests it hands the engine, the tokens it sends."""
+        admitted, sent = fe.run(known)
+        for at, i in admitted:
+            heapq.heappush(admits, (at, cast(int, i)))
+        record(sent, now)
+
     now = 0.0
     while arrivals or admits or sched.has_work or (fe is not None and fe.pending):
         while arrivals and arrivals[0][0] <= now:
@@ -228,13 +237,19 @@ def _run(
                 held.append(i)
             else:
                 send(i, t)
+        if fe is not None:
+            run_front_end(fe, now)
         while admits and admits[0][0] <= now:
             sched.add(reqs[heapq.heappop(admits)[1]])
         if not sched.has_work:
-            if fe is not None and fe.pending:  # the engine is idle: the API server sends what it holds
-                record(fe.flush(), now)
-            elif arrivals or admits:
-                now = min(q[0][0] for q in (arrivals, admits) if q)
+            # the engine waits for the API server: run it until it hands the engine a request (whose first step's
+            # outputs it must then take its turns with) or a request arrives
+            if fe is not None:
+                horizon = arrivals[0][0] if arrivals else math.inf
+                while not admits and (at := fe.next_at) <= horizon and at != math.inf:
+                    run_front_end(fe, at)
+            if arrivals or admits:
+                now = max(now, min(q[0][0] for q in (arrivals, admits) if q))
             continue
         plan = sched.schedule(now)
         if not plan:
@@ -243,12 +258,10 @@ def _run(
         if on_step is not None:
             on_step(now, plan.num_tokens)
         produced = [(int(req.id[len(tag) :]), req.num_output, req.finished) for req in sched.finish_step(plan)]
-        record(
-            [(token, now) for token in produced]
-            if fe is None
-            else fe.deliver(now, [(token[0], token) for token in produced]),
-            now,
-        )
+        if fe is None:
+            record([(token, now) for token in produced], now)
+        else:
+            fe.deliver(now, [(token[0], token) for token in produced])
     return results
 
 
