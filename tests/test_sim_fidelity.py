@@ -260,8 +260,6 @@ def test_a_burst_renders_in_full_before_its_first_request_reaches_the_engine():
     alone = FrontEnd(request_s=request, prompt_token_s=1e-5, render_share=share)
     alone.arrive(1.0, "x", 100)
     assert alone.run(math.inf)[0] == [(pytest.approx(1.0 + request + 100 * 1e-5), "x")]
-    # the HTTP server's engine (realtime.py) admits one request after another, whole
-    assert alone.reset().admit(2.0, 100) == pytest.approx(2.0 + request + 100 * 1e-5)
 
 
 def test_the_output_handler_takes_turns_with_the_admissions_of_a_burst():
@@ -463,3 +461,34 @@ def test_the_fits_leave_out_the_per_token_cells_of_answers_a_few_tokens_long():
     metrics = ("thr", "tpot_p50", "itl_p50")
     assert list(b.fitted_cells([short], rows[:1], metrics)) == [cells["thr"]]
     assert list(b.fitted_cells([long, sharegpt], rows[1:], metrics)) == 2 * [cells[k] for k in metrics]
+
+
+def test_the_served_engine_renders_a_burst_before_it_admits_it():
+    """vllm-sim serve's engine (realtime.py) runs the API server's request side in the event loop's order too."""
+    import asyncio
+
+    from autotune.sim.exposition import SimMetrics
+    from autotune.sim.realtime import RealtimeEngine, Stream
+    from autotune.sim.scheduler import Request as EngineRequest
+
+    request, share, n = 0.02, 0.5, 5
+    engine = _engine(GPUS["h100-80gb"], FrontEnd(request_s=request, render_share=share))
+    rt = RealtimeEngine(engine, SimMetrics("m", engine.config, engine.plan), log_stats=False)
+    reached: dict[str, float] = {}
+
+    async def burst() -> float:
+        loop = asyncio.get_running_loop()
+        rt.sched.add = lambda req: reached.setdefault(req.id, loop.time())  # type: ignore[method-assign]
+        t0 = loop.time()
+        for i in range(n):
+            rt.add(Stream(EngineRequest(f"r{i}", 16, 1, t0), t0, 1, 1, 0))
+        await asyncio.sleep(n * request + 0.2)
+        return t0
+
+    t0 = asyncio.run(burst())
+    at = [reached[f"r{i}"] - t0 for i in range(n)]
+    # every request rendered (n x 10 ms) before the first goes on, then one every 10 ms; real timers run late, never
+    # early
+    for k, t in enumerate(at, start=1):
+        due = n * request * share + k * request * (1 - share)
+        assert due <= t + 1e-3 < due + 0.05, (k, at)

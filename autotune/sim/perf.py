@@ -318,10 +318,10 @@ class FrontEnd:
     in a chunk of its own. V0 sends every token in a chunk of its own, in step order.
 
     ``arrive`` and ``deliver`` hand the process its work, ``run`` advances its clock
-    (``free_s``) as far as the work handed so far decides: that is the virtual-time engine's
-    model (virtual.py). ``admit`` is the HTTP server's engine's (realtime.py): the request side
-    alone, one request after another. The constants are measured on real vLLM (``API_SERVER``
-    below, scripts/bench_front_end.py), the floor fitted.
+    (``free_s``) as far as the work handed so far decides: the virtual-time engine (virtual.py)
+    runs it whole, the HTTP server's engine (realtime.py) its request side (outputs leave there at
+    the step's end). The constants are measured on real vLLM (``API_SERVER`` below,
+    scripts/bench_front_end.py), the floor fitted.
     """
 
     request_s: float = 0.0
@@ -342,12 +342,6 @@ class FrontEnd:
     arrived: list[tuple[float, list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
     taken: list[list[list[tuple[Hashable, Any]]]] = field(default_factory=list, init=False, repr=False)
     passed: list[tuple[Any, float]] = field(default_factory=list, init=False, repr=False)
-
-    def admit(self, now: float, prompt_tokens: int) -> float:
-        """When a request that reached the server at ``now`` reaches the engine core, requests one after another."""
-        start = max(now, self.free_s)
-        self.free_s = start + self.request_s + self.prompt_token_s * prompt_tokens
-        return self.free_s + self.latency_s
 
     def arrive(self, now: float, request: Hashable, prompt_tokens: int) -> None:
         """A request reached the server at ``now``; ``run`` says when it reaches the engine core."""

@@ -15,7 +15,9 @@ and vLLM's periodic stats line.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
+from typing import cast
 
 from autotune.sim.exposition import SimMetrics
 from autotune.sim.log import log
@@ -64,6 +66,7 @@ class RealtimeEngine:
         # request side: outputs reach the client at the step's end (the per-token cost is predict's only)
         self.front_end = engine.front_end.reset() if engine.front_end is not None else None
         self._in_api_server: set[str] = set()
+        self._front_end_timer: asyncio.TimerHandle | None = None  # when its next piece of work starts
         self._wake = asyncio.Event()
         self._stepping = False  # between schedule() and finish_step(): aborts must wait
         self._aborts: list[Request] = []
@@ -83,10 +86,25 @@ class RealtimeEngine:
         if fe is None:
             self._admit(stream)
             return
+        self._in_api_server.add(stream.req.id)
+        fe.arrive(asyncio.get_running_loop().time(), stream, stream.req.prompt_len)
+        self._run_front_end()
+
+    def _run_front_end(self) -> None:
+        """The API server's process up to now, in its event loop's order (perf.FrontEnd.run): a request reaches
+        the scheduler when its admission ends, and the process is run again when its next piece of work starts
+        (a request that arrives before then is rendered first, as in vLLM)."""
+        fe = self.front_end
+        assert fe is not None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self._in_api_server.add(stream.req.id)
-        loop.call_later(max(0.0, fe.admit(now, stream.req.prompt_len) - now), self._admit, stream)
+        admitted, _ = fe.run(now)
+        for at, stream in admitted:
+            loop.call_later(max(0.0, at - now), self._admit, cast(Stream, stream))
+        if self._front_end_timer is not None:
+            self._front_end_timer.cancel()
+        nxt = fe.next_at
+        self._front_end_timer = loop.call_at(nxt, self._run_front_end) if nxt != math.inf else None
 
     def _admit(self, stream: Stream) -> None:
         self._in_api_server.discard(stream.req.id)
