@@ -253,7 +253,9 @@ def test_every_trial_is_judged_by_what_the_toy_did(toy_study):
         steps = t.user_attrs["steps"]
         assert steps, t.number
         tpot_ms = steps[0]["tpot_p95"] * 1000
-        assert abs(tpot_ms - itl) < 3.0, (t.number, itl, tpot_ms)  # the toy runs at the ITL it was given
+        # the toy runs at the ITL it was given: a p95 on a shared host, so within 3 ms or a fifth of the ITL (a CI run
+        # at 07a8d88 measured 28.0 ms for 25), which still tells the fast toy (2 ms) from the slow one (25 ms)
+        assert abs(tpot_ms - itl) < max(3.0, 0.2 * itl), (t.number, itl, tpot_ms)
         if itl < SLO_TPOT_MS - 2:
             assert t.user_attrs["capacity_rps"] > 0, (t.number, itl, steps)
         elif itl > SLO_TPOT_MS + 2:
