@@ -800,7 +800,8 @@ def test_moe_step_time_by_hand():
     # kernel, at the linear layers' bandwidth share); then attention over 1001 tokens in 12 layers, the window in 12
     bandwidth = g.bandwidth * g.bandwidth_efficiency
     linear = (dense_bytes + 24 * kv_token) / bandwidth
-    experts = 24 * (g.moe_call_s + 4 * (expert_bytes / bandwidth + g.moe_expert_s))
+    routed = 3 * 4 * 2880 * 2  # the token's hidden vector for each of its 4 experts: gathered, written, summed
+    experts = 24 * (g.moe_call_s + 4 * (expert_bytes / bandwidth + g.moe_expert_s) + routed / bandwidth)
     attention = (12 * (ctx + 1) + 12 * 128) * kv_token / (g.bandwidth * g.attention_bandwidth_efficiency)
     host = (g.host_step_s + g.host_seq_s) / 2  # async scheduling overlaps half
     launch = g.graph_layer_s * 24  # one CUDA graph replay
@@ -808,7 +809,7 @@ def test_moe_step_time_by_hand():
     # 8192 prompt tokens: compute-bound on the active parameters, the routed experts at the grouped GEMMs' share
     rate = g.bf16_flops * g.compute_efficiency * g.sustained_compute
     dense = (8192 * 2 * 24 * (OSS_ATTENTION + OSS_ROUTER) + 2 * 2880 * 201088) / rate  # + the LM head, one sequence
-    experts = 24 * (g.moe_call_s + 8192 * 2 * 4 * OSS_EXPERT / g.grouped_gemm_share / rate)
+    experts = 24 * (g.moe_call_s + 8192 * 2 * 4 * OSS_EXPERT / g.grouped_gemm_share / rate + 8192 * routed / bandwidth)
     t = m.step_seconds(prefill_plan(8192))
     assert t > dense + experts
     assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(dense + experts + host + 25e-6 * 24, rel=1e-9)
@@ -820,13 +821,48 @@ def test_one_moe_layer_reads_the_experts_it_touches_or_runs_their_gemms_whicheve
     m, s, g = step_model("openai/gpt-oss-20b"), model_shape("openai/gpt-oss-20b"), H100
     expert = s.loaded_expert_weights_bytes(1) / (24 * 32)
     bandwidth = g.bandwidth * g.bandwidth_efficiency  # MXFP4 experts: Marlin's kernel, the linear layers' share
-    one = g.moe_call_s + 4 * (expert / bandwidth + g.moe_expert_s)
+    routed = 3 * 4 * 2880 * 2 / bandwidth  # a token's 4 hidden vectors, gathered, written and summed (bf16)
+    one = g.moe_call_s + 4 * (expert / bandwidth + g.moe_expert_s) + routed
     assert m.moe_layer_seconds(1) == pytest.approx(one)  # one token, its 4 experts
     # 8192 tokens touch all 32 experts, and their GEMMs at the grouped share take longer than reading them
     gemms = 8192 * 4 * 2 * OSS_EXPERT / (g.bf16_flops * g.compute_efficiency * g.sustained_compute * g.grouped_gemm_share)
     assert gemms > 32 * (expert / bandwidth + g.moe_expert_s)
-    assert m.moe_layer_seconds(8192) == pytest.approx(g.moe_call_s + gemms)
+    assert m.moe_layer_seconds(8192) == pytest.approx(g.moe_call_s + gemms + 8192 * routed)
     assert step_model("llama-3.1-8b").moe_layer_seconds(64) == 0.0
+
+
+def test_a_moe_layer_moves_every_routed_tokens_hidden_vector_however_thin_its_slice_of_the_experts():
+    """Under tensor parallelism each GPU holds a slice of every expert, yet gathers, writes and sums the whole hidden
+    vector of every (token, expert) pair: the routed activations' traffic does not shrink with TP as the GEMMs do,
+    so it weighs most for thin experts split many ways (Qwen3-235B: 1536 columns an expert, 192 a GPU at TP 8).
+    Under expert parallelism a GPU moves only its own experts' pairs."""
+    tokens, g = 2048, H100
+    shape = model_shape("Qwen/Qwen3-235B-A22B-Instruct-2507")
+    models = {tp: StepModel(shape, g, SimConfig.from_args({"tensor_parallel_size": tp}, g, shape)) for tp in (1, 8)}
+    by_hand = 3 * tokens * 8 * 4096 * 2 / (g.bandwidth * g.bandwidth_efficiency)  # top-8 pairs, hidden 4096, bf16
+    assert models[1].routed_activation_seconds(tokens) == pytest.approx(by_hand)
+    assert models[8].routed_activation_seconds(tokens) == pytest.approx(by_hand)  # not divided by 8
+    share = {tp: m.routed_activation_seconds(tokens) / m.moe_layer_seconds(tokens) for tp, m in models.items()}
+    assert share[8] > 2 * share[1]
+    ep = StepModel(shape, g, SimConfig.from_args({"tensor_parallel_size": 8, "enable_expert_parallel": True}, g, shape))
+    assert by_hand / 8 < ep.routed_activation_seconds(tokens) < by_hand / 4  # its pairs, the busiest GPU's
+
+
+def test_kv_heads_fewer_than_the_gpus_are_replicated_one_on_each():
+    """vLLM splits the KV heads across tensor-parallel GPUs and, where there are fewer heads than GPUs, gives each
+    GPU a whole one: Qwen3-235B's 4 KV heads at TP 8 cost each GPU what they cost at TP 4, so its KV pool holds
+    half the tokens an even split would say."""
+    shape = model_shape("Qwen/Qwen3-235B-A22B-Instruct-2507")
+    assert shape.kv_heads == 4 and shape.kv_heads_per_gpu(8) == 1
+    assert shape.kv_bytes_per_token(tp=4) == shape.kv_bytes_per_token() // 4 == 2 * 94 * 1 * 128 * 2
+    assert shape.kv_bytes_per_token(tp=8) == shape.kv_bytes_per_token(tp=4)
+    config = SimConfig.from_args({"tensor_parallel_size": 8}, H100, shape)
+    plan = plan_startup(shape, H100, config).plan
+    assert plan is not None and plan.kv_bytes_per_token == shape.kv_bytes_per_token(tp=8)
+    # the bf16 checkpoint is the FP8 one's shape without its quantization: twice the expert bytes
+    fp8 = model_shape("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8")
+    assert shape.weight_quant != "fp8" and fp8.weight_quant == "fp8"
+    assert shape.expert_weights_bytes == pytest.approx(2 * fp8.expert_weights_bytes, rel=0.01)
 
 
 def test_tritons_fused_moe_reads_experts_at_its_own_share_and_marlins_at_the_linear_layers():
@@ -839,8 +875,9 @@ def test_tritons_fused_moe_reads_experts_at_its_own_share_and_marlins_at_the_lin
         expert = shape.loaded_expert_weights_bytes(1) / (shape.moe_layers * shape.experts)
         share = gpu.expert_bandwidth_efficiency if triton else gpu.bandwidth_efficiency
         assert marlin_kernels(shape, gpu) is not triton
+        routed = m.routed_activation_seconds(1)
         assert m.moe_layer_seconds(1) == pytest.approx(gpu.moe_call_s + 8 * (expert / (gpu.bandwidth * share)
-                                                                              + gpu.moe_expert_s))
+                                                                              + gpu.moe_expert_s) + routed)
     assert H100.expert_bandwidth_efficiency > H100.bandwidth_efficiency
 
 
@@ -854,7 +891,7 @@ def test_fp8_experts_on_fp8_tensor_cores_compute_at_tritons_own_share_of_the_fp8
     def gemms(gpu, dtype: str) -> float:
         served = shape.served(dtype) if dtype else shape
         m = StepModel(served, gpu, SimConfig.from_args({}, gpu, served))
-        return m.moe_layer_seconds(4096) - gpu.moe_call_s
+        return m.moe_layer_seconds(4096) - gpu.moe_call_s - m.routed_activation_seconds(4096)
 
     rate = H100.compute_efficiency * H100.sustained_compute
     assert gemms(H100, "fp8") == pytest.approx(4096 * per_token / (H100.fp8_flops * rate * H100.fp8_grouped_gemm_share))
@@ -974,7 +1011,8 @@ def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory(
     """Qwen3-235B on 4 GPUs: with --enable-expert-parallel each GPU holds 32 whole experts instead of a quarter of
     all 128. One token's 8 experts land on the GPUs unevenly, so a small decode step waits for the busiest; a
     large batch touches every expert everywhere and reads the same bytes either way, but each GPU's fused-MoE call
-    runs 32 whole experts instead of 128 slices, and pays the per-expert cost 96 fewer times."""
+    runs 32 whole experts instead of 128 slices, pays the per-expert cost 96 fewer times, and moves only its own
+    experts' share of the routed tokens' hidden vectors."""
     model = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
     tp, ep = step_model(model, tensor_parallel_size=4), step_model(model, tensor_parallel_size=4,
                                                                     enable_expert_parallel=True)
@@ -984,8 +1022,10 @@ def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory(
     assert ep.step_seconds(decode_plan(1)) > 1.1 * tp.step_seconds(decode_plan(1))
     assert tp.experts_read(10_000) == pytest.approx(128)
     fewer_experts = tp.shape.moe_layers * 96 * tp.gpu.moe_expert_s
-    assert ep.step_seconds(decode_plan(256)) == pytest.approx(tp.step_seconds(decode_plan(256)) - fewer_experts,
-                                                              rel=0.02)
+    fewer_pairs = tp.shape.moe_layers * (tp.routed_activation_seconds(256) - ep.routed_activation_seconds(256))
+    assert fewer_pairs > 0
+    assert ep.step_seconds(decode_plan(256)) == pytest.approx(
+        tp.step_seconds(decode_plan(256)) - fewer_experts - fewer_pairs, rel=0.02)
     a, _ = startup(model, tensor_parallel_size=4, max_model_len=32768)
     b, _ = startup(model, tensor_parallel_size=4, max_model_len=32768, enable_expert_parallel=True)
     assert a.plan is not None and a.plan.kv_tokens == b.plan.kv_tokens

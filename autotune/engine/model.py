@@ -310,15 +310,22 @@ class ModelShape:
             + (embeddings * elem)
         )
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element (KV heads, not query heads: GQA).
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """The KV heads each of ``tp`` tensor-parallel GPUs holds. vLLM splits them across the GPUs, and where
+        there are fewer KV heads than GPUs it replicates them, one on each GPU (``QKVParallelLinear``:
+        ``max(1, heads // tp)``): Qwen3-235B's 4 KV heads at TP 8 take a whole head's cache on every GPU."""
+        return max(1, self.kv_heads // tp)
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", dtype: str = "auto", tp: int = 1) -> int:
+        """2 (K and V) x layers x KV heads x head dim x bytes per element (KV heads, not query heads: GQA), on
+        one of ``tp`` tensor-parallel GPUs (``kv_heads_per_gpu``; the whole model's at ``tp=1``).
 
         Sliding-window layers are left out: vLLM's hybrid KV cache manager keeps only the window's blocks
         for them, a bounded amount per request rather than per token of context."""
         return (
             2
             * (self.layers - self.sliding_layers)
-            * self.kv_heads
+            * self.kv_heads_per_gpu(tp)
             * self.head_dim
             * self.kv_element_bytes(kv_cache_dtype, dtype)
         )

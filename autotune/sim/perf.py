@@ -92,8 +92,8 @@ class StepModel:
         self._attn_flops = 4 * full * s.heads * s.head_dim / split  # per (new token x context token)
         self._window_flops = 4 * s.sliding_layers * s.heads * s.head_dim / split  # the same, within the window
         elem = s.kv_element_bytes(c.kv_cache_dtype, c.dtype)
-        self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype) / split  # per token, per GPU
-        self._window_kv = 2 * s.sliding_layers * s.kv_heads * s.head_dim * elem / split
+        self._kv = s.kv_bytes_per_token(c.kv_cache_dtype, c.dtype, tp) / pp  # per token, per GPU
+        self._window_kv = 2 * s.sliding_layers * s.kv_heads_per_gpu(tp) * s.head_dim * elem / pp
         self._window = s.sliding_window
         g = self.gpu
         # fp8 weights run W8A8 GEMMs where the GPU has fp8 tensor cores; elsewhere (Ampere: Marlin) and for
@@ -156,14 +156,28 @@ class StepModel:
         fused-MoE call's fixed cost (``GpuProfile.moe_call_s``: routing, alignment, the activation, the kernels'
         ramp) plus whichever takes longer of reading the experts it touches (``expert_bandwidth_efficiency`` of the
         bandwidth, and ``moe_expert_s`` per expert) and their grouped GEMMs at ``grouped_gemm_share`` of the GEMM
-        rate. It is what vLLM's benchmarks/kernels/benchmark_moe.py times as one fused-MoE call
-        (scripts/bench_moe_kernels.py compares the two)."""
+        rate, plus the routed tokens' hidden vectors it moves (``routed_activation_seconds``). It is what vLLM's
+        benchmarks/kernels/benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py compares the
+        two)."""
         if not self._moe_layers:
             return 0.0
         touched = self.experts_read(tokens)
         reads = touched * (self._expert / self._expert_bw + self.gpu.moe_expert_s)
         gemms = tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops
-        return self.gpu.moe_call_s + max(reads, gemms)
+        return self.gpu.moe_call_s + max(reads, gemms) + self.routed_activation_seconds(tokens)
+
+    def routed_activation_seconds(self, tokens: float) -> float:
+        """The hidden vectors one MoE layer's fused-MoE call moves on the busiest GPU: each (token, routed expert)
+        pair's is gathered into the first grouped GEMM, written by the second and read back by the sum over the
+        token's experts (vLLM's ``fused_experts`` keeps them in a tokens x top-k x hidden cache), in bf16, at the
+        bandwidth, apart from the weights' reads. Under tensor parallelism every GPU does it for every pair, at
+        full hidden width however thin its slice of each expert; under expert parallelism for its own experts'
+        pairs. So it weighs most where experts are thin and split many ways (Qwen3-235B at TP 8: 192 of each
+        expert's 1536 columns a GPU)."""
+        pairs = tokens * self._routed
+        if self._ep:
+            pairs *= self._expert_load(tokens) / self._tp
+        return 3 * pairs * self._act_bytes / self._bw
 
     def _grouped_flops(self, tokens: float) -> float:
         """The routed experts' FLOPs per token, all MoE layers of a GPU, weighed by the busiest GPU's load and

@@ -61,7 +61,9 @@ class GpuProfile:
     memory_bytes: int
     bandwidth: float  # bytes/s, peak
     bf16_flops: float  # FLOP/s, dense peak
-    link_bandwidth: float  # bytes/s per direction between GPUs (NVLink, else PCIe)
+    # bytes/s per direction between GPUs (NVLink, else PCIe): the line rate, or the bus bandwidth NCCL's
+    # all-reduce reaches where it was measured (perf.py charges an all-reduce's ring traffic at it)
+    link_bandwidth: float
     # achievable share of the datasheet peaks in vLLM's steps; defaults: STREAM-like copies reach
     # ~85 % of HBM bandwidth, large bf16 GEMMs ~70 % MFU (perf.py). Per-GPU values: GPUS below.
     bandwidth_efficiency: float = 0.85
@@ -101,8 +103,8 @@ class GpuProfile:
     # a cost per routed expert it touches, and the share of the bandwidth Triton's fused-MoE kernel reads the experts
     # at (None, and Marlin's kernel everywhere: the linear layers'); fitted by `scripts/bench_moe_kernels.py --fit`
     # on public benchmark_moe.py tables of the H100
-    moe_call_s: float = 30.9e-6
-    moe_expert_s: float = 0.376e-6
+    moe_call_s: float = 31.0e-6
+    moe_expert_s: float = 0.344e-6
     expert_bandwidth_efficiency: float | None = None
     # the share of the GEMM compute rate the linear layers reach when their weights are quantized but the GPU
     # computes in bf16 (Marlin's W8A16 for fp8 without fp8 tensor cores, W4A16 for AWQ/GPTQ: the weights are
@@ -149,37 +151,46 @@ _H100_MEASURED: _Shares = {
 HOPPER_SUSTAINED = 0.6
 # - Grouped GEMMs of a mixture of experts (H100, A100): the share of the GEMM rate the routed experts' fused MoE
 #   kernels reach, fitted by `--fit-moe GPU` on the fit part's MoE points, GPUStack's gpt-oss-20b groups (MXFP4
-#   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.55 on the A100 (0.438
-#   before its sink attention was modelled, which that fit had absorbed: refitted, log loss 0.0417 -> 0.0265), with
-#   the per-token cells of 4-token answers left out of the loss (bench_sim_fidelity.fitted_cells; with one of them
-#   in, the H100's fit gave 0.325). The gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
+#   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.663 on the A100 (fitted
+#   with its sink-attention share below, each at the other's value, after the fused-MoE call took the routed
+#   activations' traffic; 0.55 before, 0.438 before its sink attention was modelled), with the per-token cells of
+#   4-token answers left out of the loss (bench_sim_fidelity.fitted_cells; with one of them in, the H100's fit gave
+#   0.325). The gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
 HOPPER_GROUPED_GEMM = 0.55
-# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.206 of the fp8 rate (against the
+# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.233 of the fp8 rate (against the
 #   0.55 above, fitted on MXFP4 experts: Marlin): `scripts/bench_moe_kernels.py --fit-fp8-grouped` on the fit table's
 #   rows of 256-4096 tokens (vLLM #24700, Qwen3-30B-A3B fp8 on an H100), where the model was 0.39-0.77x of the
-#   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs")
-HOPPER_FP8_GROUPED_GEMM = 0.206
-A100_GROUPED_GEMM = 0.55
+#   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs"); 0.206 before the call took
+#   the routed activations' traffic (perf.StepModel.routed_activation_seconds), which that share had absorbed
+HOPPER_FP8_GROUPED_GEMM = 0.233
+A100_GROUPED_GEMM = 0.663
 # - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
-#   it reaches 0.228 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
+#   it reaches 0.213 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
 #   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411, while the A100 kept the
-#   old host default; 0.228, log loss 0.0125, with the host's default cost), whose 32K-token prompts were 1.64x too
-#   fast while the same runs on an H100 (FlashAttention 3) were within 3 %
-A100_SINK_ATTENTION = 0.228
+#   old host default; 0.228, log loss 0.0125, with the host's default cost; 0.213, log loss 0.0135, with the
+#   grouped share above), whose 32K-token prompts were 1.64x too fast while the same runs on an H100 (FlashAttention
+#   3) were within 3 %
+A100_SINK_ATTENTION = 0.213
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
 #   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
 #   at the bf16 rate): 0.6, and 0.7 once the A100 took the host's default cost (log loss 0.0113), which those
 #   batches of hundreds of sequences pay. The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
 A100_WEIGHT_ONLY = 0.7
-# - A fused-MoE call (H100): 30.9 us fixed and 0.376 us per routed expert it touches, its expert reads at 0.934 of the
-#   bandwidth, fitted by `scripts/bench_moe_kernels.py --fit` on public benchmark_moe.py tables of the H100
+# - A fused-MoE call (H100): 31.0 us fixed and 0.344 us per routed expert it touches, its expert reads at 0.934 of the
+#   bandwidth (30.9 and 0.376 us before the routed activations' traffic was charged apart; the two fits alternated to
+#   a fixed point), fitted by `scripts/bench_moe_kernels.py --fit` on public benchmark_moe.py tables of the H100
 #   (Qwen3-30B-A3B fp8 and Mixtral bf16, vllm#24700; rows of up to 128 tokens, where the reads bind). At batch 1 the
 #   call takes 40-45 us where its reads alone would take 6-17 us. Every GPU takes the two costs (the same kernels);
 #   the H200 takes the read share too (the same memory system; its own table, sglang#11730, stays held out). The
 #   tables time Triton's kernel: Marlin's (MXFP4, int4, fp8 on Ampere; perf.marlin_kernels) and other GPUs read
 #   experts at their linear layers' share.
 HOPPER_EXPERT_BANDWIDTH = 0.934
+# - All-reduce over an A100's NVLink: NCCL's bus bandwidth, measured, not the 300 GB/s line rate a direction. Public
+#   nccl-tests runs on 8 A100-SXM4-80GB over NVLink report a busbw of ~200 GB/s (NVIDIA/nccl-tests#149), 208 GB/s
+#   between two over NV12 (#178); NCCL's maintainers put its protocol's overhead at ~20 % of the line rate (#212).
+#   The H100 keeps its 450 GB/s: NCCL's NVLink SHARP all-reduce reaches ~480 GB/s busbw on 8 of them (#212).
+A100_ALLREDUCE_BUS_BANDWIDTH = 200e9
 GPUS: dict[str, GpuProfile] = {
     "h100-80gb": GpuProfile(
         "NVIDIA H100 80GB HBM3",
@@ -231,7 +242,7 @@ GPUS: dict[str, GpuProfile] = {
         81920 * MiB,
         2.039e12,
         312e12,
-        300e9,
+        A100_ALLREDUCE_BUS_BANDWIDTH,
         bandwidth_efficiency=0.70,
         compute_efficiency=0.60,
         grouped_gemm_share=A100_GROUPED_GEMM,
@@ -475,6 +486,8 @@ MODELS["mixtral-8x7b"] = {
 }
 # fp8 and AWQ checkpoints of dense models above (their config.json adds quantization_config): the public measurements'
 MODELS["qwen3-32b-fp8"] = {**MODELS["qwen3-32b"], "quantization_config": {"quant_method": "fp8"}}
+# Qwen/Qwen3-235B-A22B-Instruct-2507 (bf16): the FP8 checkpoint's config.json without its quantization_config
+MODELS["qwen3-235b-a22b"] = {k: v for k, v in MODELS["qwen3-235b-a22b-fp8"].items() if k != "quantization_config"}
 MODELS["llama-3.1-70b-fp8"] = {**MODELS["llama-3.1-70b"], "quantization_config": {"quant_method": "fp8"}}
 MODELS["qwen3-32b-awq"] = {
     **MODELS["qwen3-32b"],
@@ -492,6 +505,7 @@ ALIASES = {
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b",
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
