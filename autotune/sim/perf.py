@@ -171,13 +171,15 @@ class StepModel:
         pair's is gathered into the first grouped GEMM, written by the second and read back by the sum over the
         token's experts (vLLM's ``fused_experts`` keeps them in a tokens x top-k x hidden cache), in bf16, at the
         bandwidth, apart from the weights' reads. Under tensor parallelism every GPU does it for every pair, at
-        full hidden width however thin its slice of each expert; under expert parallelism for its own experts'
-        pairs. So it weighs most where experts are thin and split many ways (Qwen3-235B at TP 8: 192 of each
-        expert's 1536 columns a GPU)."""
+        full hidden width however thin its slice of each expert, so it weighs most where experts are thin and
+        split many ways (Qwen3-235B at TP 8: 192 of each expert's 1536 columns a GPU). Under expert parallelism a
+        GPU gathers and writes only its own experts' pairs, but zeroes the whole cache first (``expert_map``) and
+        sums all of it."""
         pairs = tokens * self._routed
+        vectors = 3 * pairs
         if self._ep:
-            pairs *= self._expert_load(tokens) / self._tp
-        return 3 * pairs * self._act_bytes / self._bw
+            vectors = 2 * pairs + 2 * pairs * self._expert_load(tokens) / self._tp
+        return vectors * self._act_bytes / self._bw
 
     def _grouped_flops(self, tokens: float) -> float:
         """The routed experts' FLOPs per token, all MoE layers of a GPU, weighed by the busiest GPU's load and
