@@ -809,7 +809,8 @@ def test_moe_step_time_by_hand():
     # 8192 prompt tokens: compute-bound on the active parameters, the routed experts at the grouped GEMMs' share
     rate = g.bf16_flops * g.compute_efficiency * g.sustained_compute
     dense = (8192 * 2 * 24 * (OSS_ATTENTION + OSS_ROUTER) + 2 * 2880 * 201088) / rate  # + the LM head, one sequence
-    experts = 24 * (g.moe_call_s + 8192 * 2 * 4 * OSS_EXPERT / g.grouped_gemm_share / rate + 8192 * routed / bandwidth)
+    gemms = 8192 * 2 * 4 * OSS_EXPERT / g.grouped_gemm_share / rate * m.padding(8192)  # rows padded to Marlin's 64
+    experts = 24 * (g.moe_call_s + gemms + 8192 * routed / bandwidth)
     t = m.step_seconds(prefill_plan(8192))
     assert t > dense + experts
     assert m.seconds(8192, 1, 1, 0.0, 0, False) == pytest.approx(dense + experts + host + 25e-6 * 24, rel=1e-9)
@@ -826,6 +827,8 @@ def test_one_moe_layer_reads_the_experts_it_touches_or_runs_their_gemms_whicheve
     assert m.moe_layer_seconds(1) == pytest.approx(one)  # one token, its 4 experts
     # 8192 tokens touch all 32 experts, and their GEMMs at the grouped share take longer than reading them
     gemms = 8192 * 4 * 2 * OSS_EXPERT / (g.bf16_flops * g.compute_efficiency * g.sustained_compute * g.grouped_gemm_share)
+    gemms *= m.padding(8192)  # each expert's 1024 rows, give or take, padded to Marlin's block of 64
+    assert 1.0 < m.padding(8192) < 1.05
     assert gemms > 32 * (expert / bandwidth + g.moe_expert_s)
     assert m.moe_layer_seconds(8192) == pytest.approx(g.moe_call_s + gemms + 8192 * routed)
     assert step_model("llama-3.1-8b").moe_layer_seconds(64) == 0.0
@@ -848,6 +851,31 @@ def test_a_moe_layer_moves_every_routed_tokens_hidden_vector_however_thin_its_sl
     ep = StepModel(shape, g, SimConfig.from_args({"tensor_parallel_size": 8, "enable_expert_parallel": True}, g, shape))
     # zeroed and summed whole (2 of the 3), gathered and written for the busiest GPU's pairs (a bit over 1/8 each)
     assert by_hand * (2 + 2 / 8) / 3 < ep.routed_activation_seconds(tokens) < by_hand * (2 + 2 / 4) / 3
+
+
+def test_the_grouped_gemms_compute_each_experts_rows_padded_to_the_kernels_row_block():
+    """vLLM's moe_align_block_size pads each expert's tokens to the kernel's row block: Marlin picks the first of
+    8/16/32/48/64 the mean rows an expert falls below 0.9 of (else 64); Triton's default config 16 rows while the
+    step has no more tokens than experts, else 64. An expert routed a few rows past a block computes a whole block
+    more, so the padding is large where the mean sits near a block (gpt-oss-120b's 128 experts at 2048 tokens: 64
+    rows each) and small where it spans many (gpt-oss-20b's 32: 256 rows each)."""
+    from autotune.sim.perf import moe_block_rows, padded_rows_share
+
+    assert [moe_block_rows(m, False, True) for m in (4, 16, 30, 64, 256)] == [8, 32, 48, 64, 64]
+    assert moe_block_rows(8, True, False) == 16 and moe_block_rows(64, False, False) == 64
+    # Poisson rows: exactly one block's worth has no padding only in expectation's limit; by hand for a tiny mean
+    mean = 0.5
+    by_hand = sum(math.exp(-mean) * mean ** r / math.factorial(r) * 8 for r in range(1, 9)) / mean  # 1-8 rows: one block
+    assert padded_rows_share(mean, 8) == pytest.approx(by_hand, rel=1e-6)
+    assert padded_rows_share(256, 64) < 1.15 < 1.4 < padded_rows_share(64, 64) < 1.6
+    big, small = step_model("openai/gpt-oss-120b"), step_model("openai/gpt-oss-20b")
+    assert big.padding(2048) > small.padding(2048) + 0.25
+    # and the step charges it: the GEMMs of a prefill step take that much longer than the routed rows alone
+    g = H100
+    rate = g.bf16_flops * g.compute_efficiency * g.sustained_compute * g.grouped_gemm_share
+    unpadded = 2048 * 2 * 4 * OSS_EXPERT * 36 / rate / 36  # one layer of gpt-oss-120b (36 layers of the 20b's experts)
+    assert big.moe_layer_seconds(2048) == pytest.approx(
+        g.moe_call_s + unpadded * big.padding(2048) + big.routed_activation_seconds(2048))
 
 
 def test_kv_heads_fewer_than_the_gpus_are_replicated_one_on_each():
@@ -893,7 +921,7 @@ def test_fp8_experts_on_fp8_tensor_cores_compute_at_tritons_own_share_of_the_fp8
     def gemms(gpu, dtype: str) -> float:
         served = shape.served(dtype) if dtype else shape
         m = StepModel(served, gpu, SimConfig.from_args({}, gpu, served))
-        return m.moe_layer_seconds(4096) - gpu.moe_call_s - m.routed_activation_seconds(4096)
+        return (m.moe_layer_seconds(4096) - gpu.moe_call_s - m.routed_activation_seconds(4096)) / m.padding(4096)
 
     rate = H100.compute_efficiency * H100.sustained_compute
     assert gemms(H100, "fp8") == pytest.approx(4096 * per_token / (H100.fp8_flops * rate * H100.fp8_grouped_gemm_share))
@@ -1012,9 +1040,12 @@ def test_sliding_window_layers_read_only_the_window():
 def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory():
     """Qwen3-235B on 4 GPUs: with --enable-expert-parallel each GPU holds 32 whole experts instead of a quarter of
     all 128. One token's 8 experts land on the GPUs unevenly, so a small decode step waits for the busiest; a
-    large batch touches every expert everywhere and reads the same bytes either way, but each GPU's fused-MoE call
-    runs 32 whole experts instead of 128 slices, pays the per-expert cost 96 fewer times, and moves only its own
-    experts' share of the routed tokens' hidden vectors."""
+    large batch touches every expert everywhere and reads the same bytes either way. The fused-MoE call sees the
+    GPU's own experts: 32 of them, so Triton's default row block (16 while the call has no more tokens than
+    experts, else 64) pads their few rows to 64 from 33 tokens on, where the 128 slices keep 16 up to 128 tokens;
+    and a GPU moves only its own experts' share of the routed tokens' hidden vectors."""
+    from autotune.sim.perf import padded_rows_share
+
     model = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
     tp, ep = step_model(model, tensor_parallel_size=4), step_model(model, tensor_parallel_size=4,
                                                                     enable_expert_parallel=True)
@@ -1023,11 +1054,9 @@ def test_expert_parallelism_waits_for_the_busiest_gpu_and_holds_the_same_memory(
     assert ep.experts_read(10_000) == pytest.approx(32)
     assert ep.step_seconds(decode_plan(1)) > 1.1 * tp.step_seconds(decode_plan(1))
     assert tp.experts_read(10_000) == pytest.approx(128)
-    fewer_experts = tp.shape.moe_layers * 96 * tp.gpu.moe_expert_s
-    fewer_pairs = tp.shape.moe_layers * (tp.routed_activation_seconds(256) - ep.routed_activation_seconds(256))
-    assert fewer_pairs > 0
-    assert ep.step_seconds(decode_plan(256)) == pytest.approx(
-        tp.step_seconds(decode_plan(256)) - fewer_experts - fewer_pairs, rel=0.02)
+    assert tp.padding(64) == pytest.approx(padded_rows_share(4, 16))  # 64 tokens x 8 / 128 experts: 4 rows each
+    assert ep.padding(64) == pytest.approx(padded_rows_share(4, 64))
+    assert 0 < ep.routed_activation_seconds(256) < tp.routed_activation_seconds(256)
     a, _ = startup(model, tensor_parallel_size=4, max_model_len=32768)
     b, _ = startup(model, tensor_parallel_size=4, max_model_len=32768, enable_expert_parallel=True)
     assert a.plan is not None and a.plan.kv_tokens == b.plan.kv_tokens

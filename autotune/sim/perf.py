@@ -107,6 +107,8 @@ class StepModel:
         self._flops = peak * g.compute_efficiency * g.sustained_compute
         w8a8 = s.weight_quant == "fp8" and g.fp8_flops  # Triton's W8A8 fused MoE, not Marlin's
         self._grouped_share = (w8a8 and g.fp8_grouped_gemm_share) or g.grouped_gemm_share
+        self._marlin = marlin_kernels(s, g)
+        self._padding: dict[int, float] = {}  # padded_rows_share by step size: steps repeat their sizes
         self._attn_bw = g.bandwidth * (g.attention_bandwidth_efficiency or g.bandwidth_efficiency)
         self._attn_flops_rate = (
             g.bf16_flops * (g.attention_compute_efficiency or g.compute_efficiency) * g.sustained_compute
@@ -156,15 +158,27 @@ class StepModel:
         fused-MoE call's fixed cost (``GpuProfile.moe_call_s``: routing, alignment, the activation, the kernels'
         ramp) plus whichever takes longer of reading the experts it touches (``expert_bandwidth_efficiency`` of the
         bandwidth, and ``moe_expert_s`` per expert) and their grouped GEMMs at ``grouped_gemm_share`` of the GEMM
-        rate, plus the routed tokens' hidden vectors it moves (``routed_activation_seconds``). It is what vLLM's
+        rate over each expert's rows padded to the kernel's row block (``padding``), plus the routed tokens' hidden
+        vectors it moves (``routed_activation_seconds``). It is what vLLM's
         benchmarks/kernels/benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py compares the
         two)."""
         if not self._moe_layers:
             return 0.0
         touched = self.experts_read(tokens)
         reads = touched * (self._expert / self._expert_bw + self.gpu.moe_expert_s)
-        gemms = tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops
+        gemms = tokens * self._grouped_flops(tokens) / self._moe_layers / self._flops * self.padding(tokens)
         return self.gpu.moe_call_s + max(reads, gemms) + self.routed_activation_seconds(tokens)
+
+    def padding(self, tokens: float) -> float:
+        """How many more rows the grouped GEMMs compute than a step routes: vLLM's ``moe_align_block_size`` pads each
+        expert's tokens to a multiple of the kernel's row block (``moe_block_rows``), so an expert routed a few rows
+        past a block computes a whole block more. Each expert's rows taken as Poisson with the step's mean."""
+        n = max(1, round(tokens))
+        if n not in self._padding:
+            held = self._experts / self._tp if self._ep else self._experts
+            block = moe_block_rows(n * self._routed / held, n <= held, self._marlin)
+            self._padding[n] = padded_rows_share(n * self._routed / self._experts, block)
+        return self._padding[n]
 
     def routed_activation_seconds(self, tokens: float) -> float:
         """The hidden vectors one MoE layer's fused-MoE call moves on the busiest GPU: each (token, routed expert)
@@ -273,6 +287,29 @@ class StepModel:
         else:
             launch = 25e-6 * self._layers
         return gpu + host + launch
+
+
+def moe_block_rows(rows_per_expert: float, few_tokens: bool, marlin: bool) -> int:
+    """The row block vLLM's fused-MoE kernels pad each expert's tokens to. Marlin's: the first of 8, 16, 32, 48
+    and 64 that the mean rows an expert falls below 0.9 of, else 64 (``fused_marlin_moe``); Triton's default
+    config as the scored runs' vLLM (0.10-0.11) and the kernel tables' had it: 16 while the call has no more tokens
+    than the experts it holds, else 64 (``get_default_config``). Later vLLM picks 16-128 by the step's tokens, and
+    the tuned config files vLLM ships for some GPUs and shapes override either."""
+    if marlin:
+        return next((b for b in (8, 16, 32, 48, 64) if rows_per_expert / b < 0.9), 64)
+    return 16 if few_tokens else 64
+
+
+def padded_rows_share(mean: float, block: int) -> float:
+    """E[ceil(r / block) x block] / E[r] for an expert's rows r ~ Poisson(mean): what padding to the row block
+    adds to the rows a grouped GEMM computes (1.0: none). Summed over the pmf within 8 standard deviations."""
+    if mean <= 0:
+        return 1.0
+    sd = math.sqrt(mean)
+    lo, hi = max(1, int(mean - 8 * sd)), int(mean + 8 * sd) + block
+    padded = sum(math.exp(r * math.log(mean) - mean - math.lgamma(r + 1)) * -(-r // block) * block
+                 for r in range(lo, hi + 1))
+    return padded / mean
 
 
 def marlin_kernels(served: ModelShape, gpu: GpuProfile) -> bool:

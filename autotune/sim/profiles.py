@@ -151,26 +151,28 @@ _H100_MEASURED: _Shares = {
 HOPPER_SUSTAINED = 0.6
 # - Grouped GEMMs of a mixture of experts (H100, A100): the share of the GEMM rate the routed experts' fused MoE
 #   kernels reach, fitted by `--fit-moe GPU` on the fit part's MoE points, GPUStack's gpt-oss-20b groups (MXFP4
-#   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.663 on the A100 (fitted
+#   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.775 on the A100 (fitted
 #   with its sink-attention share below, each at the other's value, after the fused-MoE call took the routed
-#   activations' traffic; 0.55 before, 0.438 before its sink attention was modelled), with the per-token cells of
+#   activations' traffic and its rows' padding to the kernel's row block; 0.55 before, 0.438 before its sink
+#   attention was modelled), with the per-token cells of
 #   4-token answers left out of the loss (bench_sim_fidelity.fitted_cells; with one of them in, the H100's fit gave
 #   0.325). The gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
 HOPPER_GROUPED_GEMM = 0.55
-# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.233 of the fp8 rate (against the
+# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.288 of the fp8 rate (against the
 #   0.55 above, fitted on MXFP4 experts: Marlin): `scripts/bench_moe_kernels.py --fit-fp8-grouped` on the fit table's
 #   rows of 256-4096 tokens (vLLM #24700, Qwen3-30B-A3B fp8 on an H100), where the model was 0.39-0.77x of the
 #   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs"); 0.206 before the call took
-#   the routed activations' traffic (perf.StepModel.routed_activation_seconds), which that share had absorbed
-HOPPER_FP8_GROUPED_GEMM = 0.233
-A100_GROUPED_GEMM = 0.663
+#   the routed activations' traffic (perf.StepModel.routed_activation_seconds) and its rows' padding to the row
+#   block (perf.StepModel.padding), which that share had absorbed (log loss 0.0252 -> 0.0005 with both)
+HOPPER_FP8_GROUPED_GEMM = 0.288
+A100_GROUPED_GEMM = 0.775
 # - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
-#   it reaches 0.213 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
+#   it reaches 0.209 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
 #   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411, while the A100 kept the
-#   old host default; 0.228, log loss 0.0125, with the host's default cost; 0.213, log loss 0.0135, with the
+#   old host default; 0.228, log loss 0.0125, with the host's default cost; 0.209, log loss 0.0108, with the
 #   grouped share above), whose 32K-token prompts were 1.64x too fast while the same runs on an H100 (FlashAttention
 #   3) were within 3 %
-A100_SINK_ATTENTION = 0.213
+A100_SINK_ATTENTION = 0.209
 # - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
 #   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
 #   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
