@@ -7,8 +7,8 @@ call (routing, the two grouped GEMMs, the activation) timed on a named GPU for b
 tokens, the model's experts at tensor-parallel size ``tp`` in ``dtype`` (bf16, or fp8_w8a8 on fp8 tensor cores).
 The simulator's figure for the same call is ``StepModel.moe_layer_seconds``: a fixed cost, plus the experts
 touched read from memory or their GEMMs (each expert's rows padded to the kernel's row block) at the profile's
-``grouped_gemm_share``, whichever is longer, plus the
-routed tokens' hidden vectors gathered, written and summed (``routed_activation_seconds``). Ratios are
+``grouped_gemm_share``, whichever is longer, plus the routed tokens' hidden vectors gathered, written and summed
+(``routed_activation_seconds``). Ratios are
 predicted/measured; each table ends with the median absolute error, and the summary gives it per batch band
 (1-8 tokens, 16-128, 256 and more), where different costs dominate (the call's fixed cost, the experts' reads,
 the GEMMs) and per split.

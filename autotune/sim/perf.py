@@ -159,9 +159,8 @@ class StepModel:
         ramp) plus whichever takes longer of reading the experts it touches (``expert_bandwidth_efficiency`` of the
         bandwidth, and ``moe_expert_s`` per expert) and their grouped GEMMs at ``grouped_gemm_share`` of the GEMM
         rate over each expert's rows padded to the kernel's row block (``padding``), plus the routed tokens' hidden
-        vectors it moves (``routed_activation_seconds``). It is what vLLM's
-        benchmarks/kernels/benchmark_moe.py times as one fused-MoE call (scripts/bench_moe_kernels.py compares the
-        two)."""
+        vectors it moves (``routed_activation_seconds``). It is what vLLM's benchmarks/kernels/benchmark_moe.py
+        times as one fused-MoE call (scripts/bench_moe_kernels.py compares the two)."""
         if not self._moe_layers:
             return 0.0
         touched = self.experts_read(tokens)

@@ -154,9 +154,9 @@ HOPPER_SUSTAINED = 0.6
 #   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.775 on the A100 (fitted
 #   with its sink-attention share below, each at the other's value, after the fused-MoE call took the routed
 #   activations' traffic and its rows' padding to the kernel's row block; 0.55 before, 0.438 before its sink
-#   attention was modelled), with the per-token cells of
-#   4-token answers left out of the loss (bench_sim_fidelity.fitted_cells; with one of them in, the H100's fit gave
-#   0.325). The gpt-oss-120b and Qwen3-235B groups stay held out (bench/sim_fidelity.md).
+#   attention was modelled), with the per-token cells of 4-token answers left out of the loss
+#   (bench_sim_fidelity.fitted_cells; with one of them in, the H100's fit gave 0.325). The gpt-oss-120b and
+#   Qwen3-235B groups stay held out (bench/sim_fidelity.md).
 HOPPER_GROUPED_GEMM = 0.55
 # - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.288 of the fp8 rate (against the
 #   0.55 above, fitted on MXFP4 experts: Marlin): `scripts/bench_moe_kernels.py --fit-fp8-grouped` on the fit table's
