@@ -306,8 +306,9 @@ def padded_rows_share(mean: float, block: int) -> float:
         return 1.0
     sd = math.sqrt(mean)
     lo, hi = max(1, int(mean - 8 * sd)), int(mean + 8 * sd) + block
-    padded = sum(math.exp(r * math.log(mean) - mean - math.lgamma(r + 1)) * -(-r // block) * block
-                 for r in range(lo, hi + 1))
+    padded = sum(
+        math.exp(r * math.log(mean) - mean - math.lgamma(r + 1)) * -(-r // block) * block for r in range(lo, hi + 1)
+    )
     return padded / mean
 
 

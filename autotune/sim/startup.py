@@ -90,8 +90,9 @@ def activation_peak(shape: ModelShape, config: SimConfig) -> tuple[int, int]:
     # residual + normed hidden states, q/k/v, and the gated MLP's two intermediates, bf16; a MoE layer holds its
     # fused kernel's three caches for each of a token's routed experts (vLLM's fused_moe workspace)
     mlp = 3 * shape.experts_per_token * shape.expert_intermediate if shape.experts else 2 * shape.intermediate
-    per_token = 2 * (4 * shape.hidden + (shape.heads // tp + 2 * shape.kv_heads_per_gpu(tp)) * shape.head_dim
-                     + mlp // tp)
+    per_token = 2 * (
+        4 * shape.hidden + (shape.heads // tp + 2 * shape.kv_heads_per_gpu(tp)) * shape.head_dim + mlp // tp
+    )
     # fp32 logits and probabilities for max_num_seqs dummy requests (the vocabulary is split by TP)
     sampler = config.max_num_seqs * shape.vocab * 4 * 2 // tp
     return n * per_token, sampler
@@ -166,8 +167,10 @@ def plan_startup(
             )
         return s
     graphs = cudagraph_bytes(shape, config)
-    kv_per_token = (shape.kv_bytes_per_token(config.kv_cache_dtype, config.dtype, config.tensor_parallel_size)
-                    // config.pipeline_parallel_size)
+    kv_per_token = (
+        shape.kv_bytes_per_token(config.kv_cache_dtype, config.dtype, config.tensor_parallel_size)
+        // config.pipeline_parallel_size
+    )
     if config.kv_cache_memory_bytes is not None:
         kv = config.kv_cache_memory_bytes
     else:
