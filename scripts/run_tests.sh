@@ -30,6 +30,13 @@ rm -f "$checks_log"
 third=$?
 "$py" -m pytest -p no:xdist -m "alone" --durations=10 "$@"
 fourth=$?
+# one line that names each part's outcome: a failure early in a long log is easy to miss at its end
+parts=""
+for part in "tests without engines:$first" "engine tests:$second" "code checks:$checked" "paired studies:$third" \
+  "alone tests:$fourth"; do
+  parts+="${parts:+, }${part%:*} $([ "${part##*:}" -eq 0 ] && echo passed || echo FAILED)"
+done
+echo "run_tests: $parts"
 for status in $first $second $checked $third $fourth; do
   [ "$status" -ne 0 ] && exit "$status"
 done
