@@ -30,14 +30,14 @@ rm -f "$checks_log"
 third=$?
 "$py" -m pytest -p no:xdist -m "alone" --durations=10 "$@"
 fourth=$?
-# one line that names each part's outcome: a failure early in a long log is easy to miss at its end
-parts=""
-for part in "tests without engines:$first" "engine tests:$second" "code checks:$checked" "paired studies:$third" \
-  "alone tests:$fourth"; do
-  parts+="${parts:+, }${part%:*} $([ "${part##*:}" -eq 0 ] && echo passed || echo FAILED)"
+# one line that names each part's outcome (a failure early in a long log is easy to miss at its end); the exit
+# status is the first failed part's
+names=("tests without engines" "engine tests" "code checks" "paired studies" "alone tests")
+statuses=("$first" "$second" "$checked" "$third" "$fourth")
+parts="" failed=0
+for i in "${!names[@]}"; do
+  parts+="${parts:+, }${names[i]} $([ "${statuses[i]}" -eq 0 ] && echo passed || echo FAILED)"
+  [ "$failed" -eq 0 ] && failed=${statuses[i]}
 done
 echo "run_tests: $parts"
-for status in $first $second $checked $third $fourth; do
-  [ "$status" -ne 0 ] && exit "$status"
-done
-exit 0
+exit "$failed"

@@ -76,6 +76,7 @@ class StepModel:
         self._moe_layers, self._experts, self._routed = s.moe_layers / pp, s.experts, s.experts_per_token
         # expert parallelism: each GPU holds experts / tp whole experts, instead of every expert's width / tp
         self._ep = c.whole_experts(s)
+        self._held = s.experts / tp if self._ep else s.experts  # experts a GPU computes (without EP: a slice of each)
         # one routed expert of one layer, per GPU, as loaded: read when a token of the step is routed to it
         loaded = s.loaded_expert_weights_bytes(tp, self._ep)
         per_expert = loaded / (s.moe_layers * s.experts) if s.moe_layers else 0.0
@@ -150,7 +151,7 @@ class StepModel:
         touched = 1.0 - (1.0 - self._routed / self._experts) ** tokens
         if not self._ep:
             return self._experts * touched
-        held = self._experts / self._tp
+        held = self._held
         return min(held, _busiest(self._tp, held * touched, held * touched * (1 - touched)))
 
     def moe_layer_seconds(self, tokens: float) -> float:
@@ -174,8 +175,7 @@ class StepModel:
         past a block computes a whole block more. Each expert's rows taken as Poisson with the step's mean."""
         n = max(1, round(tokens))
         if n not in self._padding:
-            held = self._experts / self._tp if self._ep else self._experts
-            block = moe_block_rows(n * self._routed / held, n <= held, self._marlin)
+            block = moe_block_rows(n * self._routed / self._held, n <= self._held, self._marlin)
             self._padding[n] = padded_rows_share(n * self._routed / self._experts, block)
         return self._padding[n]
 
