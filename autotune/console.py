@@ -15,7 +15,7 @@ from rich.table import Table
 from autotune.measure.session import Outcome
 from autotune.measure.tables import outcome_tables
 from autotune.study.lines import capacity_text, elapsed_text, gain_text, same_trial, trial_line
-from autotune.study.records import Remeasurement, StudyResult, TrialRecord, held_every_load
+from autotune.study.records import Remeasurement, StepRecord, StudyResult, TrialRecord, held_every_load
 
 if TYPE_CHECKING:
     from autotune.publish.history import Entry
@@ -55,7 +55,7 @@ def trial_event(r: TrialRecord, reference: TrialRecord | None) -> dict:
         "failure_class": r.failure_class,
         "failure": r.failure or None,
         "wall_s": r.wall_s,
-        "race": r.race,
+        "race": None if r.race is None else r.race.to_json(),
         "gain_over": reference.label if reference is not None and not same_trial(r, reference) else None,
         "capacity_at_least": r.capacity_at_least,
         "gain": (r.capacity_rps / reference.capacity_rps - 1)
@@ -275,7 +275,7 @@ def print_comparison(rows, remeasure: Remeasurement | None) -> None:
         for col in ("candidate", "runs", "median", "spread"):
             m.add_column(col)
         for c in remeasure.candidates:
-            steps = c.get("runs") or []
+            steps = [[StepRecord.from_json(s) for s in run] for run in c.get("runs") or []]
             runs = [
                 f"{'≥' if i < len(steps) and held_every_load(steps[i]) else ''}{x:.2f}"
                 for i, x in enumerate(c["capacities"])

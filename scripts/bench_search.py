@@ -68,12 +68,15 @@ import numpy as np
 import optuna
 
 from autotune.engine.args import EngineArgs
+from autotune.engine.command import CheckedArgs, EngineCommand
 from autotune.engine.failures import LogWatch, classify_exit
+from autotune.engine.flags import FlagTable
 from autotune.engine.vllm.defaults import default_batching
 from autotune.engine.vllm.failures import PATTERNS
 from autotune.measure.metrics import Summary, summarize
 from autotune.measure.profiles import LoadProfile
 from autotune.measure.session import Outcome, Step
+from autotune.measure.slo import SLO
 from autotune.sim.config import SimConfig
 from autotune.sim.perf import API_SERVER, FrontEnd, StepModel
 from autotune.sim.profiles import GpuProfile, gpu_profile, model_shape
@@ -539,8 +542,8 @@ class Trial:
 @dataclass
 class TruthGpu:
     """The GPU host the strategies measure on: the truth engine, started per trial, its load steps replayed in
-    virtual time, each run at its own drawn speed. ``measure`` has autotune's measure_engine's signature and
-    returns what it would. ``declared`` records, after each trial, the config the strategy would hand a user."""
+    virtual time, each run at its own drawn speed. ``measure`` returns what autotune's measurer would
+    (``OnTruth`` is the study's Measurer on it). ``declared`` records, after each trial, the config the strategy would hand a user."""
 
     truth: Truth
     table: dict[str, dict[str, Any]]
@@ -575,8 +578,8 @@ class TruthGpu:
                                  (self.held_idle_s + engine_s) * self.sc.gpus))
         self.held_idle_s = 0.0
 
-    def measure(self, command, args: EngineArgs, table, workload_at, slos, profile: LoadProfile, *,
-                on_step: Callable[[Outcome], bool] | None = None, **_: Any) -> Outcome:
+    def measure(self, args: EngineArgs, slos, profile: LoadProfile,
+                on_step: Callable[[Outcome], bool] | None = None) -> Outcome:
         key = key_of(self.sc, args.values)
         r = self.row(key)
         out = Outcome(url="truth")
@@ -597,6 +600,24 @@ class TruthGpu:
                 break
         self._spent(key, out.capacity_rps, r["start_s"] + len(out.steps) * STEP_S + STOP_S)
         return out
+
+
+@dataclass
+class OnTruth:
+    """A study's Measurer (autotune/study/measurer.py) on the truth GPU: configs checked as the real one checks
+    them, measured by ``gpu``."""
+
+    gpu: TruthGpu
+    command: EngineCommand  # the study's
+    table: FlagTable
+    slos: list[SLO]
+
+    def check(self, args: EngineArgs) -> CheckedArgs:
+        return self.command.check(args, self.table)
+
+    def measure(self, config: CheckedArgs, profile: LoadProfile, *,
+                on_step: Callable[[Outcome], bool] | None = None, **_: Any) -> Outcome:
+        return self.gpu.measure(config.args, self.slos, profile, on_step)
 
 
 # --- the strategies -----------------------------------------------------------------------------------------------
@@ -671,17 +692,14 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
 
             shipped, _ = learning_simulator(runner.advisor_target(d, steps))
             advisor = _Charged(shipped, _SHIPPED.setdefault(sc.name, {}), charge)
-        run = runner.StudyRun(d, d.command.flag_table(), steps, show=lambda _: None, notice=say, advisor=advisor)
+        measurer = OnTruth(gpu, d.command, d.command.flag_table(), d.slos)
+        run = runner.StudyRun(d, measurer, steps, show=lambda _: None, notice=say, advisor=advisor)
         run.callbacks = [lambda study, _: gpu.declare(winner(study))]
-        measure, runner.measure_engine = runner.measure_engine, gpu.measure
-        try:
-            optuna.logging.set_verbosity(optuna.logging.ERROR)
-            study = open_study(d)
-            run.optimize(study)
-            if run.scoring.remeasured and run.remeasure(study) is not None:
-                gpu.declare(winner(study))
-        finally:
-            runner.measure_engine = measure
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        study = open_study(d)
+        run.optimize(study)
+        if run.scoring.remeasured and run.remeasure(study) is not None:
+            gpu.declare(winner(study))
 
 
 def run_auto_tune(sc: Scenario, gpu: TruthGpu, budget: int) -> None:
@@ -712,7 +730,7 @@ def _measure_grid_point(sc: Scenario, gpu: TruthGpu, values: dict[str, Any]) -> 
     from autotune.measure.profiles import Ladder
 
     key = key_of(sc, values)
-    gpu.measure(None, EngineArgs(json.loads(key)), None, None, gpu.slos, Ladder(1.0, MAX_STEPS, 1.25))
+    gpu.measure(EngineArgs(json.loads(key)), gpu.slos, Ladder(1.0, MAX_STEPS, 1.25))
     best = max(gpu.trials, key=lambda t: t.measured)  # max keeps the first of equals
     gpu.declare(best.key if best.measured > 0 else None)
 

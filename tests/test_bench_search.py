@@ -127,7 +127,7 @@ def test_a_measurement_on_the_truth_is_its_expected_behaviour_at_the_runs_own_sp
     runs = []
     for run in ("a", "b"):
         gpu = bench.TruthGpu(truth, {key: row}, run=run)
-        out = gpu.measure(None, bench.EngineArgs(json.loads(key)), None, None, gpu.slos,
+        out = gpu.measure(bench.EngineArgs(json.loads(key)), gpu.slos,
                           Ladder(row["capacity"] / sc.rate, 1))
         [step], [trial] = out.steps, gpu.trials
         speed = bench.measurement_speed(sc.name, 0, run, 0)
@@ -143,7 +143,7 @@ def test_a_config_that_cannot_start_fails_with_vllms_text_and_costs_its_start_up
     sc = next(s for s in bench.SCENARIOS if s.name.startswith("long-docs"))
     key = bench.key_of(sc, {"gpu_memory_utilization": 0.3})  # 32B weights alone fill 30 % of an H100
     gpu = bench.TruthGpu(bench.truth_of(sc, 0), {})
-    out = gpu.measure(None, bench.EngineArgs(json.loads(key)), None, None, gpu.slos, Ladder(1.0))
+    out = gpu.measure(bench.EngineArgs(json.loads(key)), gpu.slos, Ladder(1.0))
     assert out.failure is not None and out.failure.failure_class.value == "oom", out.failure
     assert not out.steps and gpu.trials[0].measured == 0.0 and gpu.trials[0].gpu_s > bench.STOP_S
 

@@ -408,13 +408,13 @@ def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig,
         fp = Fingerprint(request_rate=2.0, prompt_tokens_mean=200, prompt_tokens_p50=200, prompt_tokens_p90=300,
                          output_tokens_mean=16, output_tokens_p50=16, output_tokens_p90=24, prefix_cache_hit_rate=None,
                          window_s=10, requests=20)
-        d._start_tuning("requested: by a test", fp)
+        d.tuning.start("requested: by a test", fp)
         study_file = Path(d.state.study_file)
         assert tomllib.loads(study_file.read_text())["engine"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
-        first_child = d._child
+        first_child = d.tuning.child
         time.sleep(3)  # the tuning's staging engine starts on blue's GPUs
         d.tick()
-        assert d.state.phase is Phase.TUNING and d._child is first_child
+        assert d.state.phase is Phase.TUNING and d.tuning.child is first_child
         cli = subprocess.Popen([sys.executable, "-m", "autotune", "rollback", "--config", str(config), "--to", "1"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         notes = []
@@ -429,15 +429,15 @@ def test_a_rollback_by_hand_pauses_a_tuning_on_the_idle_gpus_and_resumes_it(rig,
         assert "the daemon pauses it and rolls back to entry 1" in err and "back on entry 1" in out
         assert any("paused: a rollback by hand to entry 1 needs the idle GPUs" in n for n in notes), notes
         d.tick()  # the tuning resumes: a new child on the study it stopped
-        assert d.state.phase is Phase.TUNING and d._child is not None and d._child is not first_child
+        assert d.state.phase is Phase.TUNING and d.tuning.child is not None and d.tuning.child is not first_child
         assert "resumes on GPUs 1" in d.state.note
         assert target.live().name == "blue" and not color_serving(target.colors["green"].url)
         assert target.live().server.deployed()["max_num_seqs"] == 64
         # staging follows the idle color: green's GPU now
         assert tomllib.loads(study_file.read_text())["engine"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
     finally:
-        d._stop_child()
-        d._pool.shutdown(wait=True)
+        d.tuning.stop()
+        d.publishing.pool.shutdown(wait=True)
         d.watcher.close()
 
 

@@ -209,8 +209,8 @@ def setup(tmp_path, tiny_model, monkeypatch):
     finally:
         for d in daemons:
             try:
-                d._stop_child()
-                d._pool.shutdown(wait=True)
+                d.tuning.stop()
+                d.publishing.pool.shutdown(wait=True)
                 d.watcher.close()
             except Exception as e:  # the next daemon and production are stopped all the same
                 print(f"teardown: stopping a daemon failed: {e!r}", file=sys.stderr)
@@ -273,7 +273,7 @@ def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
         assert d.state.phase is Phase.TUNING and d.state.trigger == "requested: test"
 
         # a restarted daemon resumes the tuning from the state file (the study from its storage)
-        d._stop_child()
+        d.tuning.stop()
         d = daemon(cfg, metrics=metrics)
         assert d.state.phase is Phase.TUNING
         _tick_until(d, Phase.PUBLISHING, 240)

@@ -2,7 +2,7 @@
 (every trial failed to start, the child failed or was interrupted) does not, and its trigger is retried after a
 backoff instead of every tick.
 
-The daemon's own ``_finish_tuning`` and ``tick`` against a production that does not answer (tests/
+The daemon's own ``TuningPhase.finish`` and ``tick`` against a production that does not answer (tests/
 test_daemon_decisions.py's file); the study's result is made up, as there.
 """
 
@@ -49,7 +49,7 @@ def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_b
                                                                                         capsys):
     d = tuning_daemon
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _failed_to_start()))
-    d._finish_tuning(1)  # `autotune study` says "no trial met every SLO"
+    d.tuning.finish(1)  # `autotune study` says "no trial met every SLO"
     st = d.state
     assert st.phase is Phase.WATCHING
     assert st.last_tuning_end == 0.0, "a tuning that measured nothing started the cooldown"
@@ -66,7 +66,7 @@ def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_b
 
     # a second one in a row waits twice as long; one that reached a verdict ends the streak
     d.state = d.store.save(replace(d.state, phase=Phase.TUNING))
-    d._finish_tuning(143)  # interrupted (the child was signalled) before anything was measured
+    d.tuning.finish(143)  # interrupted (the child was signalled) before anything was measured
     assert d.state.empty_tunings == 2 and d.state.last_tuning_end == 0.0
     assert d.state.retry_at == pytest.approx(d.state.since + 2 * loop.RETRY_S, abs=2)
     assert "failed (exit 143); see its log" in d.state.note and "tried again in 20 min" in d.state.note
@@ -76,9 +76,9 @@ def test_a_tuning_that_published_nothing_starts_the_cooldown_and_says_so(tuning_
     d = tuning_daemon
     d.state = d.store.save(replace(d.state, empty_tunings=2, retry_at=1.0))
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     st = d.state
-    assert st.phase is Phase.WATCHING and d._job is None
+    assert st.phase is Phase.WATCHING and d.publishing.job is None
     assert st.last_tuning_end == pytest.approx(st.since, abs=2)  # hysteresis: the same drift does not re-tune now
     assert (st.empty_tunings, st.retry_at) == (0, 0.0)
     said = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The daemon's decisions an operator has to live with (issue 15): each test reproduces a wrong one.
 
-Most run the daemon's own loop (``Daemon.tick``, ``_finish_tuning``) or the CLI commands an operator
+Most run the daemon's own loop (``Daemon.tick``, ``TuningPhase.finish``) or the CLI commands an operator
 types (status, retune, history, rollback) against a production that does not answer: what is
 decided does not depend on production's traffic, and no engine has to start. The whole loop on
 vllm-sim is tests/test_daemon.py.
@@ -220,14 +220,14 @@ def test_the_daemon_keeps_production_on_a_tie(daemon_file, monkeypatch):
     d = Daemon(load_daemon_config(daemon_file()))
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     assert d.state.phase is Phase.WATCHING and "production's config stays" in d.state.note, d.state.note
-    assert d._job is None and [e.outcome for e in d.history.entries()] == []
+    assert d.publishing.job is None and [e.outcome for e in d.history.entries()] == []
 
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
     d.cfg = replace(d.cfg, approval=True)
     d.state = d.store.save(replace(d.state, phase=Phase.TUNING))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     proposal = d.history.proposal()
     assert proposal is not None and proposal.values == {"max_num_seqs": 64}  # vllm-defaults', not trial 3's
     assert proposal.source["trial"] == 0
@@ -263,7 +263,7 @@ def test_a_retune_outside_the_windows_stays_pending_until_one_opens(capsys, daem
     d.cfg = replace(cfg, tuning_windows=())
     d.fingerprint = Fingerprint.from_json(_fingerprint())
     started = []
-    monkeypatch.setattr(d, "_start_tuning", lambda trigger, fp: started.append(trigger))
+    monkeypatch.setattr(d.tuning, "start", lambda trigger, fp: started.append(trigger))
     d.tick()
     assert started == ["requested: test"] and d.store.retune_request() is None
 
@@ -345,7 +345,7 @@ def test_tunings_keep_their_runs_under_the_state_dir_not_the_working_directory(d
     d = Daemon(load_daemon_config(p))
     runs = d.root / "tunings" / "runs"
     path = d.root / "tunings" / "prod-tune-001.toml"
-    d._write_tuning_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
+    d.tuning.write_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
     derived = load_study(path)
     assert derived.run_dir == runs / "prod-tune-001", derived.runs_dir
     assert derived.storage == d.study.storage == f"sqlite:///{runs}/studies.db"
@@ -363,7 +363,7 @@ def test_a_tuning_replays_every_request_it_synthesized(daemon_file):
     staging.write_text("\n".join(x for x in staging.read_text().splitlines() if not x.startswith("step_duration")))
     d = Daemon(load_daemon_config(p))
     path = d.root / "tunings" / "prod-tune-001.toml"
-    d._write_tuning_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
+    d.tuning.write_study("prod-tune-001", path, Fingerprint.from_json(_fingerprint()), {"max_num_seqs": 2})
     derived = load_study(path)
     assert derived.workload.num_requests == tuning.TUNING_REQUESTS
     steps = LoadSteps(derived.workload, derived.objective.step_seconds)
@@ -444,7 +444,7 @@ def test_the_journal_has_a_line_per_decision_and_none_for_a_steady_tick(capsys, 
     d.tick()
     d.tick()
     assert capsys.readouterr().out == ""  # the same decision: nothing new to say
-    d._set(Phase.TUNING, note="tuning prod-1: requested: by the test")
+    d.enter(Phase.TUNING, note="tuning prod-1: requested: by the test")
     assert capsys.readouterr().out.splitlines() == ["tuning: tuning prod-1: requested: by the test"]
 
 
@@ -484,7 +484,7 @@ def test_the_canary_s_requests_start_no_tuning_after_a_publish(daemon_file, monk
                         scraper=lambda url, client, timeout: Snapshot(clock["t"], {"requests": clock["requests"]},
                                                                       {}, {}))
     started = []
-    monkeypatch.setattr(d, "_start_tuning", lambda trigger, fp: started.append(trigger))
+    monkeypatch.setattr(d.tuning, "start", lambda trigger, fp: started.append(trigger))
 
     def serve(seconds, rate):  # one scrape, one tick a second
         for _ in range(seconds):
@@ -494,14 +494,14 @@ def test_the_canary_s_requests_start_no_tuning_after_a_publish(daemon_file, monk
 
     serve(12, 4.0)
     assert d.state.tuned_fingerprint["request_rate"] == pytest.approx(4.0)
-    d._set(Phase.TUNING, note="tuning prod-tune-001: test")
-    d._set(Phase.PUBLISHING, note="publishing")
-    d._set(Phase.VERIFYING)
+    d.enter(Phase.TUNING, note="tuning prod-tune-001: test")
+    d.enter(Phase.PUBLISHING, note="publishing")
+    d.enter(Phase.VERIFYING)
     serve(5, 16.0)  # the canary, on top of the users' traffic
     published = d.history.add("published", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
     job = concurrent.futures.Future()
     job.set_result(PublishResult(published, True))
-    d._job = job
+    d.publishing.job = job
     serve(1, 4.0)
     assert d.state.phase is Phase.WATCHING
     serve(15, 4.0)
@@ -530,20 +530,20 @@ def test_a_rollback_during_a_tuning_is_not_ignored(capsys, daemon_file, state_di
     entry(root, 2, "published", {"max_num_seqs": 32}, source={"study": "prod-tune-000", "trial": 1})
     metrics = DaemonMetrics()
     d = Daemon(replace(load_daemon_config(p), approval=True), metrics=metrics)
-    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
-    monkeypatch.setattr(d, "_spawn", lambda: None)
-    d._start_tuning("requested: test", Fingerprint.from_json(_fingerprint()))
+    monkeypatch.setattr(d.tuning, "write_study", lambda *a: None)
+    monkeypatch.setattr(d.tuning, "spawn", lambda: None)
+    d.tuning.start("requested: test", Fingerprint.from_json(_fingerprint()))
     assert d.state.phase is Phase.TUNING and d.state.production_values["max_num_seqs"] == 32
     code, out, err = cli(capsys, "rollback", "--config", p, "--to", 1)  # by hand, while the tuning runs
     assert code == 0, err
-    d._child = None
-    d._tuning = lambda: None  # the child is still running: the tick only follows production
+    d.tuning.child = None
+    d.tuning.step = lambda: None  # the child is still running: the tick only follows production
     d.tick()
     text = generate_latest(metrics.registry).decode()
     assert 'entry="3"' in text and 'max_num_seqs="2"' in text, text  # the metric follows the rollback at once
     capsys.readouterr()
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _beats_production()))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     assert d.history.proposal() is None  # measured against a config production no longer runs: nothing proposed
     assert d.state.phase is Phase.WATCHING
     assert "production's config changed while it ran (max_num_seqs 32 -> 2" in d.state.note, d.state.note
@@ -580,8 +580,8 @@ def test_an_interrupted_production_baseline_publishes_nothing(daemon_file, monke
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: StudyResult(records, False,
                                                                                                 verdict, 0)))
-    d._finish_tuning(0)
-    assert d._job is None and d.history.entries() == [] and d.state.phase is Phase.WATCHING
+    d.tuning.finish(0)
+    assert d.publishing.job is None and d.history.entries() == [] and d.state.phase is Phase.WATCHING
     assert "no measurement" in d.state.note and "unknown, not 0" in d.state.note, d.state.note
 
 
@@ -596,8 +596,8 @@ def test_production_capacity_is_set_and_trial_gauges_settle_when_a_tuning_ends(d
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
     d.metrics.set_trials({"running": 1, "waiting": 1, "complete": 3})  # as the last scrape of the running study saw
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
-    monkeypatch.setattr(d, "_publish", lambda values, source: None)
-    d._finish_tuning(0)
+    monkeypatch.setattr(d.publishing, "_publish", lambda values, source, entry=None: None)
+    d.tuning.finish(0)
     text = generate_latest(metrics.registry).decode()
     assert "autotune_production_capacity_requests_per_second 5.0" in text, text
     assert 'autotune_trials{state="waiting"} 0.0' in text and 'autotune_trials{state="running"} 0.0' in text
@@ -620,10 +620,10 @@ def test_publish_approve_is_done_by_the_daemon_which_shows_publishing_and_verify
     entry(root, 2, "proposed", {"max_num_seqs": 32}, source={"study": "prod-tune-001", "trial": 3})
     d = Daemon(replace(load_daemon_config(p), approval=True))
     d.state = d.store.save(DaemonState(phase=Phase.AWAITING_APPROVAL, note="entry 2 waits"))
-    monkeypatch.setattr(d, "canary", lambda: (lambda url: CanaryResult(True, {})))
+    monkeypatch.setattr(d.publishing, "canary", lambda: (lambda url: CanaryResult(True, {})))
     phases = []
-    real_set = d._set
-    monkeypatch.setattr(d, "_set", lambda phase, **kw: (phases.append(phase), real_set(phase, **kw)))
+    real_set = d.enter
+    monkeypatch.setattr(d, "enter", lambda phase, **kw: (phases.append(phase), real_set(phase, **kw)))
     capsys.readouterr()
     codes = []
     approver = threading.Thread(target=lambda: codes.append(main(["publish", "--config", str(p), "--approve"])))
@@ -671,9 +671,9 @@ def test_a_proposal_changes_only_the_tuned_keys_and_production_keeps_its_own(cap
     (p.parent / "etc" / "production.yaml").write_text(
         "model: llama-3.1-8b\nmax-num-seqs: 32\ngpu-memory-utilization: 0.9\nmax-model-len: 16384\n")
     d = Daemon(replace(load_daemon_config(p), approval=True))
-    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
-    monkeypatch.setattr(d, "_spawn", lambda: None)
-    d._start_tuning("requested: test", Fingerprint.from_json(_fingerprint()))
+    monkeypatch.setattr(d.tuning, "write_study", lambda *a: None)
+    monkeypatch.setattr(d.tuning, "spawn", lambda: None)
+    d.tuning.start("requested: test", Fingerprint.from_json(_fingerprint()))
     staging_only = {"max_model_len": 8192, "tokenizer": str(tiny_model)}  # tests/test_daemon.py's [engine.args]
 
     def ran(number, baseline, capacity, max_num_seqs):
@@ -686,7 +686,7 @@ def test_a_proposal_changes_only_the_tuned_keys_and_production_keeps_its_own(cap
     cands = [_cand("trial 2", 2, [11.0, 10.9, 11.1]), _cand("baseline vllm-defaults", 1, [6.0, 6.1, 5.9])]
     result = StudyResult(records, False, _verdict(cands, "trial 2", "baseline vllm-defaults", 5.0, 0.2), 2)
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
 
     proposal = d.history.proposal()
     assert proposal is not None, d.state.note
@@ -809,14 +809,14 @@ def test_a_jump_in_rate_is_imitated_at_the_new_rate_and_recorded_as_tuned_for(da
     assert d.fingerprint.request_rate == pytest.approx(3.0), d.fingerprint
     assert obs.drift is not None and obs.drift > 2.0  # against 0.3 req/s, recorded from the first full window
 
-    monkeypatch.setattr(d, "_write_tuning_study", lambda *a: None)
-    monkeypatch.setattr(d, "_spawn", lambda: None)
-    d._start_tuning("traffic drift", d.fingerprint)
+    monkeypatch.setattr(d.tuning, "write_study", lambda *a: None)
+    monkeypatch.setattr(d.tuning, "spawn", lambda: None)
+    d.tuning.start("traffic drift", d.fingerprint)
     assert "imitating 3.00 req/s" in d.state.note, d.state.note
     d.fingerprint = replace(d.fingerprint, request_rate=0.5)  # what the window shows when the verdict comes
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
-    monkeypatch.setattr(d, "_publish", lambda values, source: None)
-    d._finish_tuning(0)
+    monkeypatch.setattr(d.publishing, "_publish", lambda values, source, entry=None: None)
+    d.tuning.finish(0)
     assert Fingerprint.from_json(d.state.tuned_fingerprint).request_rate == pytest.approx(3.0)
 
 

@@ -173,8 +173,8 @@ class Prod:
         import subprocess
 
         for d in self.daemons:  # what `run` does when it stops: the tuning's child, a publish in flight, the watcher
-            d._stop_child()
-            d._pool.shutdown(wait=True)
+            d.tuning.stop()
+            d.publishing.pool.shutdown(wait=True)
             d.watcher.close()
         subprocess.run([sys.executable, str(SERVICE), "stop", str(self.service)], check=False)
 
@@ -300,4 +300,4 @@ def test_a_retune_outside_the_windows_stays_pending_and_status_says_so(prod, cap
         ticks(d, 10, until=lambda d: d.state.phase is Phase.TUNING)
         assert d.state.phase is Phase.TUNING and d.state.trigger == "requested: e2e", d.state.note
         assert d.store.retune_request() is None
-        d._stop_child()  # the tuning's staging engine is stopped with it (the fixture checks again)
+        d.tuning.stop()  # the tuning's staging engine is stopped with it (the fixture checks again)

@@ -114,7 +114,7 @@ def test_the_production_baseline_of_a_tuning_records_what_production_runs(prod, 
     with Users(prod.port):
         ticks(d, 30, until=watched_a_full_window)
     assert d.fingerprint is not None, d.state.note
-    d._start_tuning("requested: e2e", d.fingerprint)  # as the daemon does when a trigger fires
+    d.tuning.start("requested: e2e", d.fingerprint)  # as the daemon does when a trigger fires
     assert d.state.phase is Phase.TUNING and d.state.production_values["max_num_seqs"] == 2, d.state
     name, storage = d.state.study_name, d.study.storage
 
@@ -140,7 +140,7 @@ def test_the_production_baseline_of_a_tuning_records_what_production_runs(prod, 
             time.sleep(TICK_S)
         lines = logged()
     finally:
-        d._stop_child()
+        d.tuning.stop()
     print(f"production trial {t.number}: params {t.params}, argv {t.user_attrs.get(Attr.ARGV)}")
     # Optuna's params and the user attrs: production's 2, not the space's default (64)
     assert t.params.get("max_num_seqs") == 2, (t.params, t.user_attrs)

@@ -27,7 +27,7 @@ def prod(tmp_path, tiny_model, state_dir):
 def _no_child(d) -> list[str]:
     """The tuning's child process is not started; the triggers that would start one are kept in order."""
     started: list[str] = []
-    d._spawn = lambda: started.append(d.state.trigger)
+    d.tuning.spawn = lambda: started.append(d.state.trigger)
     return started
 
 

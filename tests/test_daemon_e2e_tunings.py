@@ -134,7 +134,7 @@ def test_a_tuning_whose_candidates_tie_with_production_publishes_nothing(prod32,
     """The behaviour end to end. The failure issue 15 saw (a re-measured gain of a few hundredths of a req/s, one
     run each so no spread, published) needs a finer load ladder than a fast test affords: vllm-sim's capacities
     come out exactly equal here, which the code before the fix (a2e0aad) did not publish either. That failure is
-    reproduced on the daemon's own _finish_tuning by tests/test_daemon_decisions.py::test_the_daemon_keeps_production_on_a_tie."""
+    reproduced on the daemon's own TuningPhase.finish by tests/test_daemon_decisions.py::test_the_daemon_keeps_production_on_a_tie."""
     prod = prod32
     staging = prod.root / "staging.toml"
     staging.write_text(staging.read_text().replace("low = 2, high = 64", "low = 32, high = 64")

@@ -3,7 +3,7 @@
 When the daemon stops (systemd signals its whole cgroup), the stop may reach the tuning's staging
 engine before the study: the measurement then sees an engine that died, a crashed baseline is
 PRUNED, and a resumed study counts a PRUNED baseline as done, so production's own config would
-never be measured again. The measurement is stubbed here to be exactly that (a crashed outcome with
+never be measured again. The measurement is a stand-in (tests/measurers.py) that is exactly that (a crashed outcome with
 the stop already received): what is under test is what the study records, not how the engine dies
 (tests/test_signals.py stops real vllm-sim engines).
 """
@@ -19,12 +19,12 @@ from autotune.engine import launcher
 from autotune.engine.failures import Failure, FailureClass
 from autotune.errors import Interrupted
 from autotune.measure.session import Outcome
-from autotune.study import runner
 from autotune.study.definition import load_study
 from autotune.study.runner import StudyRun
 from autotune.study.storage import open_study
 from autotune.workload.source import LoadSteps
 from tests.conftest import free_port
+from tests.measurers import SetOutcomes
 from tests.test_daemon import STAGING
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -47,14 +47,14 @@ def stop_signal():
     launcher._Signals.received, launcher._Signals.raised = saved
 
 
-def test_a_baseline_the_stop_cut_short_fails_and_runs_again_on_resume(definition, monkeypatch, stop_signal):
-    def engine_killed_by_the_stop(command, args, table, *a, **kw):
+def test_a_baseline_the_stop_cut_short_fails_and_runs_again_on_resume(definition, stop_signal):
+    def engine_killed_by_the_stop(config, n):
         launcher._Signals.received, launcher._Signals.raised = signal.SIGTERM, True
         return Outcome(url="http://127.0.0.1:1", failure=Failure(
             FailureClass.CRASHED, "died after becoming ready: exit code -15 (SIGTERM)", exit_code=-15))
 
-    monkeypatch.setattr(runner, "measure_engine", engine_killed_by_the_stop)
-    run = StudyRun(definition, definition.command.flag_table(), LoadSteps(definition.workload))
+    measurer = SetOutcomes.of(definition, engine_killed_by_the_stop)
+    run = StudyRun(definition, measurer, LoadSteps(definition.workload))
     study = open_study(definition)
     with pytest.raises(Interrupted):
         run.optimize(study)
@@ -64,6 +64,6 @@ def test_a_baseline_the_stop_cut_short_fails_and_runs_again_on_resume(definition
 
     # the resumed study (the daemon restarted) measures production's config again, first
     launcher._Signals.received, launcher._Signals.raised = None, False
-    StudyRun(definition, definition.command.flag_table(), LoadSteps(definition.workload)).prepare(study)
+    StudyRun.on_engine(definition, definition.command.flag_table(), LoadSteps(definition.workload)).prepare(study)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.user_attrs.get("baseline") for t in waiting] == ["production"]

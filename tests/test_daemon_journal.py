@@ -38,7 +38,7 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_spread_of_th
     cfg = replace(load_daemon_config(daemon_file()), approval=True)
     d = Daemon(cfg)
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
-    child = d._child = _Child()
+    child = d.tuning.child = _Child()
     full = _beats_production()
     study = {"finished": 0}  # how many of its trials have finished; the next one runs
 
@@ -67,7 +67,7 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_spread_of_th
                                                      "max_num_seqs=64 -> 6.00 req/s"), second
 
     d = Daemon(cfg)  # the daemon restarts mid-tuning: what it told stays told
-    d._child = child
+    d.tuning.child = child
     assert journal() == []
 
     study["finished"] = 3
@@ -80,8 +80,8 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_spread_of_th
     # without approval the winner is published at once, and the journal says why in the same words
     d.cfg = replace(cfg, approval=False)
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trials_told=(0, 1, 2)))
-    monkeypatch.setattr(d, "_publish", lambda values, source: None)
-    d._finish_tuning(0)
+    monkeypatch.setattr(d.publishing, "_publish", lambda values, source, entry=None: None)
+    d.tuning.finish(0)
     assert capsys.readouterr().out.splitlines() == [f"publishing: publishing trial 2 of prod-tune-001: {WHY}"]
 
 

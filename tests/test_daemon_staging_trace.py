@@ -1,7 +1,7 @@
 """``[staging].trace``: a daemon told to tune with a captured trace replays that trace, not traffic synthesized
 from production's fingerprint.
 
-The daemon writes its tuning study as it does before a tuning (``Daemon._write_tuning_study``), with a
+The daemon writes its tuning study as it does before a tuning (``TuningPhase.write_study``), with a
 fingerprint whose traffic looks nothing like the trace (50 req/s, 8 output tokens each); then the study
 runs as the daemon's child runs it (``autotune study FILE``) on vllm-sim, one trial of one short step, and
 the requests it sent (the trial's requests.jsonl) are the trace's, in order, at the trace's times.
@@ -67,7 +67,7 @@ def test_a_tuning_replays_the_configured_trace(tmp_path, tiny_model, state_dir):
                      output_tokens_mean=8.0, output_tokens_p50=8.0, output_tokens_p90=8.0,
                      prefix_cache_hit_rate=None, window_s=60.0, requests=3000)
     path = d.root / "tunings" / "prod-tune-001.toml"
-    d._write_tuning_study("prod-tune-001", path, fp, d.target.deployed())
+    d.tuning.write_study("prod-tune-001", path, fp, d.target.deployed())
 
     derived = load_study(path)
     assert derived.workload.trace == trace.resolve() and derived.workload.scenario is None

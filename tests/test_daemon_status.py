@@ -2,7 +2,7 @@
 waits for approval with its diff against production, its gain and the spread it beat, and the last decision's
 reason, still there once later ticks replaced the note.
 
-The state is left by the daemon's own code (``Daemon._finish_tuning`` on a tuning's result, then ``tick``), not
+The state is left by the daemon's own code (``TuningPhase.finish`` on a tuning's result, then ``tick``), not
 written by hand; production does not answer (tests/test_daemon_decisions.py's ``daemon_file``).
 """
 
@@ -25,7 +25,7 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_spread_and_the_last_dec
     d = Daemon(replace(cfg, approval=True))
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _beats_production()))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     d.tick()
     assert d.state.phase is Phase.AWAITING_APPROVAL, d.state.note
     capsys.readouterr()  # the journal's lines
@@ -49,7 +49,7 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_spread_and_the_last_dec
     assert d.state.phase is Phase.WATCHING
     d.state = d.store.save(d.state.to(Phase.TUNING, study_name="prod-tune-002", trigger="requested: again"))
     monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
-    d._finish_tuning(0)
+    d.tuning.finish(0)
     d.tick()
     d.tick()
     assert "production's config stays" not in d.state.note, d.state.note  # later ticks replaced the note

@@ -20,7 +20,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.engine import kind as kinds
-from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.args import EngineArgs
+from autotune.engine.command import EngineCommand
 from autotune.engine.failures import FailureClass, LogWatch
 from autotune.engine.kind import get_kind, kind_for_command, register
 from autotune.errors import ConfigError, UnknownFlagError
@@ -167,7 +168,7 @@ def test_the_toy_has_its_own_flags_argv_and_failure_text(toy):
     with pytest.raises(ConfigError, match="--memory-gb expects int"):
         EngineArgs.from_cli(["--memory-gb", "lots"], table)
 
-    spec = cmd.launch_spec(EngineArgs({}), table, Path("/nonexistent"), 5.0)
+    spec = cmd.launch_spec(cmd.check(EngineArgs({}), table), Path("/nonexistent"), 5.0)
     watch = LogWatch(spec.failure_patterns)
     assert watch.feed("toy engine: serving") is None
     assert watch.feed("TOY ERROR: out of toy memory (asked for 12 GB)")[0] is FailureClass.OOM

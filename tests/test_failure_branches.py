@@ -1,6 +1,6 @@
 """What a study records for each way a trial's measurement can end (issue 14, "failure branches never run").
 
-The measurement is stubbed (``runner.measure_engine``) to end exactly one way: what is under test is what
+The measurement is a stand-in (tests/measurers.py) that ends exactly one way: what is under test is what
 the study tells Optuna (the table at the top of autotune/study/runner.py), not how an engine fails;
 tests/test_engine_vllm.py, tests/test_launcher.py and tests/test_measure_core.py make real failures.
 Nothing is launched here.
@@ -29,6 +29,7 @@ from autotune.study.runner import StudyRun
 from autotune.study.storage import make_sampler, open_study
 from autotune.workload.source import LoadSteps
 from tests.conftest import free_port
+from tests.measurers import SetOutcomes
 from tests.test_daemon import STAGING
 from tests.test_daemon_decisions import daemon_file  # noqa: F401 (a fixture)
 
@@ -54,19 +55,13 @@ def _step(load, ttft_s, rate_per_load=4.0):
     return Step(load, rate_per_load * load, s, s.verdicts(slo), 1.0, results)
 
 
-def _stub(monkeypatch, make):
-    calls = []
-
-    def measure(command, args, table, *a, **kw):
-        calls.append(dict(args.values))
-        return make(len(calls) - 1)
-
-    monkeypatch.setattr(runner, "measure_engine", measure)
-    return calls
+def _stub(d, make):
+    """A measurer that answers the n-th measurement with ``make(n)``."""
+    return SetOutcomes.of(d, lambda _, n: make(n))
 
 
-def _run(d):
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload))
+def _run(d, measurer):
+    run = StudyRun(d, measurer, LoadSteps(d.workload))
     study = open_study(d)
     return run, study
 
@@ -75,24 +70,24 @@ def _run(d):
 def test_crashed_startup_timeout_and_oom_trials_are_pruned_and_the_study_goes_on(tmp_path, tiny_model, state_dir,
                                                                                  monkeypatch, cls):
     d = _definition(tmp_path, tiny_model)
-    calls = _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", failure=Failure(cls, f"{cls.value} here"),
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", failure=Failure(cls, f"{cls.value} here"),
                                                  engine_failed_after_s=1.5))
-    run, study = _run(d)
+    run, study = _run(d, m)
     run.optimize(study)
     trials = study.get_trials(deepcopy=False)
-    assert len(calls) == 3  # the budget is spent: a bad config does not stop the study
+    assert len(m.asked) == 3  # the budget is spent: a bad config does not stop the study
     assert [t.state for t in trials] == [TrialState.PRUNED] * 3
     assert all(t.user_attrs["failure_class"] == cls.value for t in trials)
 
 
 def test_invalid_args_fails_the_trial_and_stops_the_study(tmp_path, tiny_model, state_dir, monkeypatch):
     d = _definition(tmp_path, tiny_model)
-    calls = _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", failure=Failure(
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", failure=Failure(
         FailureClass.INVALID_ARGS, "error: unrecognized arguments: --bogus")))
-    run, study = _run(d)
+    run, study = _run(d, m)
     with pytest.raises(ConfigError, match="rejected trial 0's args.*fix the space"):
         run.optimize(study)
-    assert len(calls) == 1  # no second trial was launched
+    assert len(m.asked) == 1  # no second trial was launched
     [t] = study.get_trials(deepcopy=False)
     assert t.state == TrialState.FAIL and t.user_attrs["failure_class"] == "invalid-args"
 
@@ -105,21 +100,21 @@ def test_port_in_use_fails_the_trial_but_not_the_study(tmp_path, tiny_model, sta
             return Outcome(url="http://127.0.0.1:1", failure=Failure(FailureClass.PORT_IN_USE, "Address already in use"))
         return Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)])
 
-    calls = _stub(monkeypatch, outcome)
-    run, study = _run(d)
+    m = _stub(d, outcome)
+    run, study = _run(d, m)
     run.optimize(study)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states[0] == TrialState.FAIL  # not the config's fault: samplers ignore it
     # the study went on; this run's Optuna n_trials counted the FAIL, the budget does not: a rerun does one more
-    assert states[1:] == [TrialState.COMPLETE] * 2 and len(calls) == 3
+    assert states[1:] == [TrialState.COMPLETE] * 2 and len(m.asked) == 3
     assert run.remaining(study) == 1
 
 
 def test_no_load_meeting_the_slos_is_complete_with_value_0_and_a_positive_constraint(tmp_path, tiny_model,
                                                                                       state_dir, monkeypatch):
     d = _definition(tmp_path, tiny_model, trials=1)
-    _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 1.2), _step(0.5, 0.9)]))
-    run, study = _run(d)
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 1.2), _step(0.5, 0.9)]))
+    run, study = _run(d, m)
     run.optimize(study)
     [t] = study.get_trials(deepcopy=False)
     assert t.state == TrialState.COMPLETE and t.value == 0.0
@@ -128,8 +123,8 @@ def test_no_load_meeting_the_slos_is_complete_with_value_0_and_a_positive_constr
 
 def test_a_trial_that_holds_the_slos_is_complete_with_its_capacity(tmp_path, tiny_model, state_dir, monkeypatch):
     d = _definition(tmp_path, tiny_model, trials=1)
-    _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05), _step(2.0, 0.9)]))
-    run, study = _run(d)
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05), _step(2.0, 0.9)]))
+    run, study = _run(d, m)
     run.optimize(study)
     [t] = study.get_trials(deepcopy=False)
     assert t.state == TrialState.COMPLETE and t.value == pytest.approx(4.0)  # load 1 x 4 req/s; load 2 missed
@@ -138,9 +133,9 @@ def test_a_trial_that_holds_the_slos_is_complete_with_its_capacity(tmp_path, tin
 def test_an_engine_that_died_under_load_is_pruned_with_what_it_measured_before(tmp_path, tiny_model, state_dir,
                                                                               monkeypatch):
     d = _definition(tmp_path, tiny_model, trials=1)
-    _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)], failure=Failure(
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)], failure=Failure(
         FailureClass.CRASHED, "died after becoming ready: exit code -9 (SIGKILL)", exit_code=-9)))
-    run, study = _run(d)
+    run, study = _run(d, m)
     run.optimize(study)
     [t] = study.get_trials(deepcopy=False)
     assert t.state == TrialState.PRUNED and t.user_attrs["failure_class"] == "crashed"
@@ -150,8 +145,8 @@ def test_an_engine_that_died_under_load_is_pruned_with_what_it_measured_before(t
 
 def test_the_pruner_stops_a_trial_and_it_is_pruned(tmp_path, tiny_model, state_dir, monkeypatch):
     d = _definition(tmp_path, tiny_model, trials=1)
-    _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)], stopped_early=True))
-    run, study = _run(d)
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)], stopped_early=True))
+    run, study = _run(d, m)
     run.optimize(study)
     [t] = study.get_trials(deepcopy=False)
     assert t.state == TrialState.PRUNED and t.user_attrs.get("failure_class") is None
@@ -163,20 +158,20 @@ def test_each_sampler_runs_a_study_to_its_budget(tmp_path, tiny_model, state_dir
     assert isinstance(make_sampler(kind, 0), cls)
     d = _definition(tmp_path, tiny_model, extra_top=f'sampler = "{kind}"\n', trials=4)
     assert d.sampler == kind
-    calls = _stub(monkeypatch, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05 + 0.1 * i)]))
-    run, study = _run(d)
+    m = _stub(d, lambda i: Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05 + 0.1 * i)]))
+    run, study = _run(d, m)
     assert isinstance(study.sampler, cls)
     run.optimize(study)
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     # one engine start per distinct config: a sampler that draws a config again gets the earlier trial's result
     again = [t for t in trials if "same_config_as" in t.user_attrs]
-    assert len(calls) == 4 - len(again)
+    assert len(m.asked) == 4 - len(again)
     for t in again:
         twin = trials[t.user_attrs["same_config_as"]]
         assert twin.number < t.number and twin.user_attrs["engine_args"] == t.user_attrs["engine_args"]
         assert t.value == twin.value
-    assert all(1 <= c["max_num_seqs"] <= 64 for c in calls if "max_num_seqs" in c)
+    assert all(1 <= c["max_num_seqs"] <= 64 for c in m.asked if "max_num_seqs" in c)
     assert all(t.user_attrs["chosen_because"] for t in trials)
 
 
@@ -188,11 +183,11 @@ def test_the_time_budget_stops_the_study_before_the_trial_budget(tmp_path, tiny_
         time.sleep(0.4)
         return Outcome(url="http://127.0.0.1:1", steps=[_step(1.0, 0.05)])
 
-    calls = _stub(monkeypatch, slow)
-    run, study = _run(d)
+    m = _stub(d, slow)
+    run, study = _run(d, m)
     t0 = time.monotonic()
     run.optimize(study)
-    assert 1 <= len(calls) < 10  # Optuna stops starting trials after the timeout; the one running finishes
+    assert 1 <= len(m.asked) < 10  # Optuna stops starting trials after the timeout; the one running finishes
     assert time.monotonic() - t0 < 20
 
 

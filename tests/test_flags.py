@@ -1,6 +1,8 @@
 import pytest
 
-from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.args import EngineArgs
+
+from autotune.engine.command import EngineCommand
 from autotune.engine.flags import check_args
 from autotune.engine.vllm.flags import REMOVED, bundled_table, bundled_versions, engine_python
 from autotune.errors import ConfigError, UnknownFlagError

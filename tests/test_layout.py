@@ -58,9 +58,11 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, annotations: bool = False) -> set[str]:
+    """The autotune modules ``path`` imports at run time (and for type checking too, with ``annotations``)."""
     found = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if annotations else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("autotune")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autotune") and not node.level:
@@ -96,9 +98,9 @@ def test_the_walk_sees_imports():
 
 
 def test_no_import_cycle_anywhere():
-    """The imports drawn as a graph (a package's own ``__init__`` aside) have no cycle: each module can be read
-    knowing only what it imports."""
-    graph = {module: {m for m in imports_of(path) if m != module} for module, path in modules()}
+    """The imports drawn as a graph (a package's own ``__init__`` aside), those for type checking included, have no
+    cycle: each module can be read knowing only what it imports."""
+    graph = {module: {m for m in imports_of(path, annotations=True) if m != module} for module, path in modules()}
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:
@@ -113,3 +115,14 @@ def test_no_import_cycle_anywhere():
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_every_test_file_is_on_the_map_in_docs_testing():
+    """docs/testing.md maps each package to its tests: a new test file goes on it (a ``name_*`` there covers a
+    family), so a newcomer finds a module's tests from one page."""
+    docs = PACKAGE.parent / "docs" / "testing.md"
+    on_map = docs.read_text().split("## Where a module's tests are", 1)[1]
+    families = [w.removesuffix("*") for w in on_map.split() if w.startswith("test_") and w.endswith("*")]
+    files = sorted(p.stem for p in (PACKAGE.parent / "tests").glob("test_*.py"))
+    missing = [f for f in files if f not in on_map and not any(f.startswith(fam) for fam in families)]
+    assert not missing, f"not on docs/testing.md's map of tests: {missing}"

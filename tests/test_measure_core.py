@@ -448,12 +448,17 @@ def test_a_gain_within_the_ladders_step_is_not_significant():
 def test_the_verdict_lists_every_candidate():
     from autotune.study.records import Remeasurement, judge
 
+    from autotune.measure.session import StepRecord
+
     cs = [cand("trial 1", [15.0, 14.0], 1), cand("baseline", [10.0, 10.5], 0)]
-    cs[0].runs = [[{"load": 1.0}], [{"load": 2.0}]]
+    cs[0].runs = [[StepRecord(1.0, 4.0, True), StepRecord(2.0, 8.0, False)], [StepRecord(2.0, 8.0, False)]]
     v = judge(cs)
+    runs = v.candidates[0]["runs"]
+    assert [[StepRecord.from_json(s) for s in run] for run in runs] == cs[0].runs  # stored as it reads back
+    assert runs[0][0]["load"] == 1.0 and runs[1][0]["passed"] is False
     assert v.candidates == [
         {"label": "trial 1", "trial": 1, "capacities": [15.0, 14.0], "median": 14.5, "spread": 1.0,
-         "runs": [[{"load": 1.0}], [{"load": 2.0}]], "at_least": False},
+         "runs": runs, "at_least": False},
         {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "median": 10.25, "spread": 0.5, "runs": [],
          "at_least": False}]
     assert v.candidate(1)["median"] == 14.5 and v.candidate(99) is None
@@ -542,7 +547,9 @@ def test_events_read_together_are_counted_and_said_beside_itl():
 
 def _ladder(*steps):
     """A run's load steps: (load, passed), and False in the third place for a step the client could not offer."""
-    return [{"load": x[0], "passed": x[1], "client_kept_up": x[2] if len(x) > 2 else True} for x in steps]
+    from autotune.measure.session import StepRecord
+
+    return [StepRecord(x[0], x[0], x[1], client_kept_up=x[2] if len(x) > 2 else True) for x in steps]
 
 
 def test_a_ladder_that_never_missed_has_a_floor_not_a_capacity():

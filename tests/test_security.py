@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.args import EngineArgs
+
+from autotune.engine.command import EngineCommand
 from autotune.engine.secrets import REDACTED, redact, reveal
 from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError

@@ -101,6 +101,31 @@ def test_a_missing_piece_is_one_line_saying_what_to_add(tmp_path, tiny_model, ar
     assert not (tmp_path / "runs").exists()  # nothing written for a request that cannot run
 
 
+def test_the_file_free_path_parses_the_slos_it_is_given_once_and_the_file_it_writes_once(
+        tmp_path, tiny_model, monkeypatch, capsys):
+    """The flags' SLOs become SLOs once (their typos are one-line errors), and the study file written from them is
+    read once: no re-parse of the same strings on the way (counted at the one regex every SLO string meets)."""
+    from autotune.cli import main
+    from autotune.measure import slo
+
+    class Counting:
+        def __init__(self, pattern):
+            self.pattern, self.texts = pattern, []
+
+        def match(self, text):
+            self.texts.append(text)
+            return self.pattern.match(text)
+
+    counted = Counting(slo._SLO_RE)
+    monkeypatch.setattr(slo, "_SLO_RE", counted)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path / "state"))
+    assert main(["study", *request(tiny_model, free_port()), "--dry-run", "1"]) == 0
+    capsys.readouterr()
+    # the flags ("ttft<800ms", "tpot<60ms") once, then the file's normalized texts once
+    assert counted.texts == ["ttft<800ms", "tpot<60ms", "p95:ttft<800ms", "p95:tpot<60ms"], counted.texts
+
+
 # -- the file-free study, end to end ------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from autotune.study.advice import Advice
 from autotune.study.advisor import Advisor
 from autotune.study.records import Attr
 from tests.conftest import free_port
+from tests.measurers import SetOutcomes
 from tests.test_study_sim import STUDY
 
 
@@ -181,7 +182,7 @@ def test_a_simulator_that_fails_is_said_once_and_the_study_goes_on(tmp_path, tin
                                  kind="capacity", trials=4))
     d = load_study(path)
     said = []
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+    run = StudyRun.on_engine(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
 
     advise(run, StubAdvisor(fails=ValueError("unknown dtype 'fp4'")))
     study = optuna.create_study(direction="maximize")
@@ -201,7 +202,7 @@ def _learning_run(tmp_path, tiny_model, predict):
                                  kind="capacity", trials=10))
     d = load_study(path)
     said = []
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
+    run = StudyRun.on_engine(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
     advisor = advise(run, StubAdvisor(lambda p: predict(p["max_num_seqs"]), learns=True))
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(Attr.SIM_QUEUED, True)
@@ -287,7 +288,7 @@ def test_the_utilization_ladder_runs_from_the_highest_value_down():
 
 
 def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_oom_lowers_the_ceiling(
-        tmp_path, tiny_model, monkeypatch):
+        tmp_path, tiny_model):
     """The start-up model says where the engine starts; the trial runs at the highest such utilization whatever
     was sampled (Optuna keeps the sampled value). When the engine then runs out of memory there for real, later
     trials stay below it. No engine starts: the measurement answers with vLLM's OOM."""
@@ -302,28 +303,25 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
                                  kind="capacity", trials=4))
     d = load_study(path)
     said, asked = [], []
-    run = runner.StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds),
-                          notice=said.append)
+
+    def oom(config, n):
+        return Outcome(url="", failure=Failure(FailureClass.OOM, "torch.OutOfMemoryError: CUDA out of memory."),
+                       engine_failed_after_s=1.0)
+
+    measurer = SetOutcomes.of(d, oom)
+    run = runner.StudyRun(d, measurer, LoadSteps(d.workload, d.objective.step_seconds), notice=said.append)
 
     def startup(values):
         asked.append(values["gpu_memory_utilization"])
         return None if values["max_num_seqs"] < 64 else "ValueError: No available memory for the cache blocks."
 
     advise(run, StubAdvisor(startup=startup))
-    ran = []
-
-    def oom(command, args, *a, **kw):
-        ran.append(args.values["gpu_memory_utilization"])
-        return Outcome(url="", failure=Failure(FailureClass.OOM, "torch.OutOfMemoryError: CUDA out of memory."),
-                       engine_failed_after_s=1.0)
-
-    monkeypatch.setattr(runner, "measure_engine", oom)
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial({"gpu_memory_utilization": 0.85, "max_num_seqs": 8})
     with pytest.raises(optuna.TrialPruned):
         run.objective(study.ask())
     first = study.trials[0]
-    assert ran == [0.92] and asked == [0.92]  # the highest that starts, not the sampled 0.85
+    assert [a["gpu_memory_utilization"] for a in measurer.asked] == [0.92] and asked == [0.92]  # not 0.85
     assert first.params["gpu_memory_utilization"] == 0.85
     assert first.user_attrs[Attr.UTILIZATION] == {"sampled": 0.85, "runs": 0.92, "ceiling": None}
     assert study.user_attrs[Attr.UTILIZATION_CEILING] == 0.85
@@ -333,24 +331,25 @@ def test_a_sampled_trial_runs_at_the_highest_utilization_that_starts_and_a_real_
     study.enqueue_trial({"gpu_memory_utilization": 0.92, "max_num_seqs": 8})
     with pytest.raises(optuna.TrialPruned):
         run.objective(study.ask())
-    assert ran[-1] == 0.85 and study.trials[1].user_attrs[Attr.UTILIZATION]["ceiling"] == 0.85
+    assert measurer.asked[-1]["gpu_memory_utilization"] == 0.85 and study.trials[1].user_attrs[Attr.UTILIZATION]["ceiling"] == 0.85
 
     # where the model says nothing in range starts, the sampled value runs (and fails for real, as predicted)
     study.enqueue_trial({"gpu_memory_utilization": 0.92, "max_num_seqs": 64})
     with pytest.raises(optuna.TrialPruned):
         run.objective(study.ask())
-    assert ran[-1] == 0.92 and Attr.UTILIZATION not in study.trials[2].user_attrs
+    assert measurer.asked[-1]["gpu_memory_utilization"] == 0.92 and Attr.UTILIZATION not in study.trials[2].user_attrs
     # baselines run as written
     study.enqueue_trial({"gpu_memory_utilization": 0.85, "max_num_seqs": 8}, user_attrs={Attr.BASELINE: "mine"})
     with pytest.raises(optuna.TrialPruned):
         run.objective(study.ask())
-    assert ran[-1] == 0.85 and Attr.UTILIZATION not in study.trials[3].user_attrs
+    assert measurer.asked[-1]["gpu_memory_utilization"] == 0.85 and Attr.UTILIZATION not in study.trials[3].user_attrs
 
 
 # -- the order of the first trials, and baselines measured once -----------------------------------------------------
 
-def _study_run(tmp_path, tiny_model, trials, notice=None):
-    """(a StudyRun of the vllm-sim study below, its definition): nothing starts unless the test runs a trial."""
+def _study_run(tmp_path, tiny_model, trials, notice=None, answer=None):
+    """(a StudyRun of the vllm-sim study below, its definition): nothing starts unless the test runs a trial, and
+    with ``answer`` (tests/measurers.py) nothing at all: its measurements are answer's outcomes."""
     from autotune.study.definition import load_study
     from autotune.study.runner import StudyRun
     from autotune.workload.source import LoadSteps
@@ -359,8 +358,10 @@ def _study_run(tmp_path, tiny_model, trials, notice=None):
     path.write_text(STUDY.format(name="s", runs=tmp_path, python=sys.executable, port=free_port(), model=tiny_model,
                                  kind="capacity", trials=trials))
     d = load_study(path)
-    run = StudyRun(d, d.command.flag_table(), LoadSteps(d.workload, d.objective.step_seconds),
-                   **({"notice": notice} if notice else {}))
+    steps = LoadSteps(d.workload, d.objective.step_seconds)
+    kw = {"notice": notice} if notice else {}
+    run = StudyRun(d, SetOutcomes.of(d, answer), steps, **kw) if answer else StudyRun.on_engine(
+        d, d.command.flag_table(), steps, **kw)
     return run, d
 
 
@@ -459,25 +460,21 @@ def test_candidates_that_run_as_one_config_are_predicted_and_queued_once(tmp_pat
 
 
 def test_a_sampled_config_an_earlier_trial_measured_takes_its_result_without_an_engine(
-        tmp_path, tiny_model, monkeypatch):
+        tmp_path, tiny_model):
     """Two sampled utilizations that the rule runs at the same one are one config: the second trial takes the
     first one's capacity and constraints (``same_config_as``) and starts no engine; a pruned twin prunes it."""
     from autotune.engine.failures import Failure, FailureClass
     from autotune.measure.session import Outcome
-    from autotune.study import runner
     from autotune.study.records import TrialRecord
     from autotune.study.lines import trial_line
 
-    run, _ = _study_run(tmp_path, tiny_model, trials=6)
-    advise(run, StubAdvisor())  # everything starts
-    ran = []
-
-    def crash(command, args, *a, **kw):  # (not an oom: that would lower the utilization ceiling)
-        ran.append(dict(args.values))
+    def crash(config, n):  # (not an oom: that would lower the utilization ceiling)
         return Outcome(url="", failure=Failure(FailureClass.CRASHED, "engine exited with -11"),
                        engine_failed_after_s=1.0)
 
-    monkeypatch.setattr(runner, "measure_engine", crash)
+    run, _ = _study_run(tmp_path, tiny_model, trials=6, answer=crash)
+    advise(run, StubAdvisor())  # everything starts
+    ran = run.measurer.asked
     study = optuna.create_study(direction="maximize")
     for u in (0.85, 0.92):  # both run at 0.92
         study.enqueue_trial({"gpu_memory_utilization": u, "max_num_seqs": 8})

@@ -56,7 +56,7 @@ def definition(tmp_path, tiny_model):
 
 
 def test_provably_infeasible_candidates_are_pruned_at_zero_engine_seconds(definition):
-    run = StudyRun(definition, bundled_table("0.32"), LoadSteps(definition.workload))
+    run = StudyRun.on_engine(definition, bundled_table("0.32"), LoadSteps(definition.workload))
     study = open_study(definition)
     run.optimize(study)
     trials = study.trials
@@ -73,7 +73,7 @@ def test_provably_infeasible_candidates_are_pruned_at_zero_engine_seconds(defini
 
 
 def test_rerun_resumes_to_the_budget_and_does_not_enqueue_baselines_twice(definition):
-    run = StudyRun(definition, bundled_table("0.32"), LoadSteps(definition.workload))
+    run = StudyRun.on_engine(definition, bundled_table("0.32"), LoadSteps(definition.workload))
     study = open_study(definition)
     run.optimize(study)
     assert run.remaining(study) == 0
@@ -164,7 +164,7 @@ def test_a_lost_step_is_cut_only_where_pass_or_fail_is_all_the_study_reads(tmp_p
     p = tmp_path / "s.toml"
     p.write_text(STUDY.format(tmp=tmp_path, model=tiny_model) + f'\n[objective]\nkind = "{kind}"\n{objective}\n')
     d = load_study(p)
-    run = StudyRun(d, bundled_table("0.32"), LoadSteps(d.workload))
+    run = StudyRun.on_engine(d, bundled_table("0.32"), LoadSteps(d.workload))
     assert run._cut_lost_steps is cut
     from tests.test_study_race import StubAdvisor, advise
 

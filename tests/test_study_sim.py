@@ -111,7 +111,8 @@ def test_pareto_mode_gives_a_front(tmp_path, tiny_model):
 
 @pytest.mark.parametrize("flag", ["--enable-cuda-graph", "--swap-space"])
 def test_seed_flags_are_refused_before_any_launch(tmp_path, tiny_model, flag):
-    from autotune.engine.args import EngineArgs, EngineCommand
+    from autotune.engine.args import EngineArgs
+    from autotune.engine.command import EngineCommand
     from autotune.errors import UnknownFlagError
 
     cmd = EngineCommand("llama-3.1-8b", (sys.executable, "-m", "autotune.sim.cli", "serve"))

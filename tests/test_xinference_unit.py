@@ -19,10 +19,10 @@ from autotune.engine.flags import dest_of
 from autotune.engine.vllm.flags import bundled_table
 from autotune.errors import ConfigError
 from autotune.errors import UnmappableEngineArgError, XinferenceAuthError, XinferenceDeployError, XinferenceUnavailable
+from autotune.engine.kind import get_kind
 from autotune.publish.xinference import (
     LAUNCH_FIELDS,
     RESERVED_VLLM_ARGS,
-    VLLM_FRONTEND_ARGS,
     XinferenceAuth,
     XinferenceTarget,
     engine_kwargs,
@@ -105,11 +105,11 @@ def test_the_tables_agree_with_the_installed_vllm():
     assert engine_kwargs(TUNED, engine_fields=fields) == TUNED
     assert fields & LAUNCH_FIELDS == {"quantization"}  # the one collision, handled by the rename
     assert set(RESERVED_VLLM_ARGS) <= fields
-    assert not fields & VLLM_FRONTEND_ARGS
+    assert not fields & get_kind("vllm").frontend_args
     from importlib.metadata import version
     table = bundled_table(version("vllm"))
     dests = {dest_of(f.name) for f in table.flags.values()}
-    assert dests - {"help"} <= fields | VLLM_FRONTEND_ARGS  # every flag is an engine arg or a frontend option
+    assert dests - {"help"} <= fields | get_kind("vllm").frontend_args  # every flag is an engine arg or a frontend option
 
 
 def test_setup_token_is_read_from_the_log_notice():

@@ -49,40 +49,8 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests-json", type=Path, help="write every request's timings (JSONL) here")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="autotune", description="Tune vLLM engine args against your workload and SLOs.")
-    p.add_argument("--version", action="version", version=f"autotune {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-
-    b = sub.add_parser(
-        "bench",
-        help="start vLLM with given args, replay a workload, judge the SLOs",
-        description="Start the engine, warm up, replay the workload, stop the engine, judge the "
-        "SLOs. Engine args follow '--', e.g. -- --max-num-seqs 64 --enable-chunked-prefill",
-    )
-    b.add_argument("--model", required=True, help="model path or name, passed to the engine")
-    b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
-    b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
-    b.add_argument("--port", type=port, default=8100)
-    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="engine environment, repeatable")
-    b.add_argument("--startup-timeout", type=float, default=900.0)
-    b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
-    b.add_argument("--vllm-version", help="flag table to check against when vLLM's parser cannot be run")
-    b.add_argument("--allow-trust-remote-code", action="store_true")
-    b.add_argument(
-        "--engine-nice",
-        type=int,
-        default=0,
-        help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client",
-    )
-    _add_workload(b)
-
-    from autotune.cli.calibrate import add_parser as add_calibrate
-    from autotune.cli.study import add_parsers
-
-    add_parsers(sub)
-    add_calibrate(sub)
-
+def _add_daemon_parsers(sub) -> None:
+    """``autotune daemon`` and the commands that talk to a running one through its config."""
     dm = sub.add_parser(
         "daemon",
         help="watch production, re-tune on drift, publish safely (a systemd service)",
@@ -120,6 +88,43 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--timeout", type=float, help="seconds to wait for the outcome (default 1800)")
         if name == "rollback":
             q.add_argument("--to", type=int, help="history entry to restore (default: the good one before)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="autotune", description="Tune vLLM engine args against your workload and SLOs.")
+    p.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    b = sub.add_parser(
+        "bench",
+        help="start vLLM with given args, replay a workload, judge the SLOs",
+        description="Start the engine, warm up, replay the workload, stop the engine, judge the "
+        "SLOs. Engine args follow '--', e.g. -- --max-num-seqs 64 --enable-chunked-prefill",
+    )
+    b.add_argument("--model", required=True, help="model path or name, passed to the engine")
+    b.add_argument("--engine-cmd", default=None, help="engine command line prefix (default: 'vllm serve')")
+    b.add_argument("--host", default="127.0.0.1", help="engine bind address (default 127.0.0.1)")
+    b.add_argument("--port", type=port, default=8100)
+    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="engine environment, repeatable")
+    b.add_argument("--startup-timeout", type=float, default=900.0)
+    b.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="engine logs (default runs/bench)")
+    b.add_argument("--vllm-version", help="flag table to check against when vLLM's parser cannot be run")
+    b.add_argument("--allow-trust-remote-code", action="store_true")
+    b.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        help="lower the engine's CPU priority (e.g. 10) when it shares a CPU host with the replay client",
+    )
+    _add_workload(b)
+
+    from autotune.cli.calibrate import add_parser as add_calibrate
+    from autotune.cli.study import add_parsers
+
+    add_parsers(sub)
+    add_calibrate(sub)
+
+    _add_daemon_parsers(sub)
 
     cp = sub.add_parser("capture", help="a recording proxy: forward to production, write a trace of its traffic")
     cp.add_argument(
@@ -215,7 +220,8 @@ def _finish(result, a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
-    from autotune.engine.args import EngineArgs, EngineCommand
+    from autotune.engine.args import EngineArgs
+    from autotune.engine.command import EngineCommand
     from autotune.engine.launcher import stop_on_signals
     from autotune.engine.model import locate
     from autotune.measure.profiles import FixedLoad
@@ -234,6 +240,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     )
     table = command.flag_table(a.vllm_version)
     args = EngineArgs.from_cli(engine_args, table, _env_pairs(a.env))
+    checked = command.check(args, table)  # before the workload is read: bad args are a usage error
     # where vLLM would find the model: its tokenizer too
     files = locate(a.model, command.engine_kind.revision(args.values))
     options = WorkloadOptions.from_args(a)  # the flags' numbers, checked before anything is read or started
@@ -249,8 +256,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
             task = progress.add_task("starting engine", total=len(workload))
             result = measure_engine(
                 command,
-                args,
-                table,
+                checked,
                 lambda _: workload,
                 slos,
                 FixedLoad(),

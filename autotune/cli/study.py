@@ -18,7 +18,7 @@ from autotune.cli.conventions import (
     stopped,
     trial_count,
 )
-from autotune.errors import ConfigError, Interrupted
+from autotune.errors import AutotuneError, ConfigError, Interrupted
 
 __all__ = ["add_parsers", "cmd_study", "cmd_init", "cmd_report", "cmd_dashboard"]
 
@@ -110,6 +110,7 @@ def add_parsers(sub) -> None:
 
 
 def _request(a: argparse.Namespace):
+    from autotune.measure.slo import parse_slos
     from autotune.study.starter import StudyRequest
 
     if not a.model:
@@ -127,7 +128,7 @@ def _request(a: argparse.Namespace):
         print(f"autotune: {files.found}", file=sys.stderr)
     return StudyRequest(
         model=a.model,
-        slos=tuple(a.slo),
+        slos=tuple(parse_slos(a.slo)),  # the one parse of the flags: a typo is its own one-line error
         engine_command=a.engine_cmd or default_engine_command(),
         workload=a.workload,
         scenario=a.scenario,
@@ -143,7 +144,7 @@ def _request(a: argparse.Namespace):
 def _platform(command: str):
     """The GPUs the study tunes for: the engine command's own (vllm-sim --gpu), else NVML's, else the CPU."""
     from autotune.engine import gpu
-    from autotune.engine.args import EngineCommand
+    from autotune.engine.command import EngineCommand
     from autotune.engine.kind import kind_for_command
     from autotune.study.starter import Platform
 
@@ -156,10 +157,10 @@ def _platform(command: str):
 
 
 def _render(a: argparse.Namespace) -> tuple[str, str]:
-    """(name, the study file's text) for the flags given."""
-    from autotune.engine.args import EngineCommand
+    """(name, the study file's text) for the flags given, every flag checked before anything is written."""
+    from autotune.engine.command import EngineCommand
     from autotune.engine.kind import kind_for_command
-    from autotune.study.starter import check_request, render_study, study_name, validated
+    from autotune.study.starter import check_request, render_study, study_name
 
     req = _request(a)
     check_request(req)
@@ -173,13 +174,15 @@ def _render(a: argparse.Namespace) -> tuple[str, str]:
             "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
             file=sys.stderr,
         )
-    return study_name(req), validated(render_study(req, platform, space, kind.tokenizer_arg))
+    return study_name(req), render_study(req, platform, space, kind.tokenizer_arg)
 
 
 def cmd_init(a: argparse.Namespace) -> int:
     from autotune.locations import atomic_write
+    from autotune.study.starter import validated
 
     name, text = _render(a)
+    text = validated(text)
     out = a.out or Path(f"{name}.toml")
     if out.exists() and not a.force:
         raise ConfigError(f"{out} exists: give another --out, or --force to overwrite it")
@@ -188,8 +191,9 @@ def cmd_init(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _file_free_study(a: argparse.Namespace) -> Path:
-    """Write runs/<name>/study.toml for the flags (or find the same one from an earlier run) and return it."""
+def _file_free_study(a: argparse.Namespace):
+    """Write runs/<name>/study.toml for the flags (or find the same one from an earlier run): (its path, the
+    study it holds, loaded once)."""
     from autotune.locations import atomic_write
 
     name, text = _render(a)
@@ -201,16 +205,26 @@ def _file_free_study(a: argparse.Namespace) -> Path:
         )
     fresh = not path.is_file()
     atomic_write(path, text)
+    try:
+        d = _load(path)  # the file's one parse; it always loads (a bug otherwise): leave no broken file behind
+    except AutotuneError:
+        if fresh:
+            path.unlink()
+        raise
     said = "wrote" if fresh else "resuming"
     print(f"autotune: {said} {path}; edit it, or rerun and resume with: autotune study {path}", file=sys.stderr)
-    return path
+    return path, d
 
 
-def load_definition(a: argparse.Namespace):
+def _load(path: Path):
     from autotune.engine import gpu
     from autotune.study.definition import load_study
 
-    d = load_study(a.file, default_platform="cuda" if gpu.devices() else "cpu")
+    return load_study(path, default_platform="cuda" if gpu.devices() else "cpu")
+
+
+def load_definition(a: argparse.Namespace):
+    d = _load(a.file)
     return d.with_overrides(
         slos=getattr(a, "slo", None),
         trials=getattr(a, "trials", None),
@@ -223,42 +237,22 @@ def load_definition(a: argparse.Namespace):
 def cmd_study(a: argparse.Namespace) -> int:
     from autotune.console import StudyView, print_comparison, print_pareto
     from autotune.engine.launcher import stop_on_signals
-    from autotune.study.outputs import NOT_RECOMMENDED, comparison, write_verdict
+    from autotune.study.outputs import comparison, write_verdict
     from autotune.study.records import StudyResult, TrialRecord
     from autotune.study.runner import StudyRun, study_advisor
     from autotune.study.storage import open_study
     from autotune.workload.source import LoadSteps
 
     if a.file is None:
-        a.file = _file_free_study(a)
-        a.slo, a.trials, a.study_name = [], None, None  # the file holds them now
+        a.file, d = _file_free_study(a)
+        d = d.with_overrides(timeout=a.timeout, storage=a.storage)  # the file holds the other flags
     elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd or a.download:
         raise ConfigError(f"give a study file or --model and its flags, not both: edit {a.file} instead")
-    d = load_definition(a)
+    else:
+        d = load_definition(a)
     table = d.command.flag_table()
     if a.dry_run is not None:
-        from autotune.study.dryrun import dry_run
-        from autotune.workload.source import check as check_workload
-
-        prompts = check_workload(d.workload, build_prompts=False)
-        lines = list(dry_run(d, table, a.dry_run))  # every error before any output
-        print(f"autotune: {d.model_files().found}", file=sys.stderr)
-        if not prompts:
-            print(
-                "autotune: note: a dry run builds no prompts; the study will, with the model's tokenizer: "
-                f"{d.workload.no_tokenizer}",
-                file=sys.stderr,
-            )
-        for line in lines:
-            print(json.dumps(line))
-        if d.objective.simulate_first and d.command.engine_kind.advisor is not None:
-            print(
-                "autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
-                "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
-                "compute",
-                file=sys.stderr,
-            )
-        return EXIT_OK
+        return _dry_run(d, table, a.dry_run)
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
     # the view first: it routes Optuna's log lines (the study's creation included) into the study's log
@@ -267,7 +261,7 @@ def cmd_study(a: argparse.Namespace) -> int:
     ) as view:
         study = open_study(d)
         advisor, why_not = study_advisor(d, steps)
-        run = StudyRun(d, table, steps, show=view.show, notice=view.notice, advisor=advisor)
+        run = StudyRun.on_engine(d, table, steps, show=view.show, notice=view.notice, advisor=advisor)
         view.notice(d.model_files().found)
         if advisor.predicts:
             view.notice(f"simulating first with {advisor.describe}")
@@ -301,20 +295,53 @@ def cmd_study(a: argparse.Namespace) -> int:
         print(f"autotune: no trial met every SLO; see why: autotune report {a.file}", file=sys.stderr)
         return EXIT_SLO_MISS
     if not a.json_lines:
-        if "config" in paths:
-            print(
-                f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}"
-                + (f", container: {paths['docker']}" if "docker" in paths else "")
-            )
-        else:
-            print(f"best config: command line {paths['command']}, values {paths['json']}")
-        if leader is not None:
-            print(
-                f"not recommended (it led within the noise): trial {leader.number}, kept as "
-                f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}"
-            )
-        print(f"the whole story: autotune report {a.file}  (or autotune dashboard {a.file})")
+        _print_files(paths, kind, leader, a.file)
     return EXIT_OK
+
+
+def _dry_run(d, table, trials: int) -> int:
+    """The first trials' command lines as JSON lines, every error before any output; nothing starts."""
+    from autotune.study.dryrun import dry_run
+    from autotune.workload.source import check as check_workload
+
+    prompts = check_workload(d.workload, build_prompts=False)
+    lines = list(dry_run(d, table, trials))  # every error before any output
+    print(f"autotune: {d.model_files().found}", file=sys.stderr)
+    if not prompts:
+        print(
+            "autotune: note: a dry run builds no prompts; the study will, with the model's tokenizer: "
+            f"{d.workload.no_tokenizer}",
+            file=sys.stderr,
+        )
+    for line in lines:
+        print(json.dumps(line))
+    if d.objective.simulate_first and d.command.engine_kind.advisor is not None:
+        print(
+            "autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
+            "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
+            "compute",
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def _print_files(paths: dict[str, Path], kind, leader, file: Path) -> None:
+    """Where the winner's files are, the leader kept beside them, and where the whole story is."""
+    from autotune.study.outputs import NOT_RECOMMENDED
+
+    if "config" in paths:
+        print(
+            f"best config: {paths['config']} ({kind.config_usage}), command line: {paths['command']}"
+            + (f", container: {paths['docker']}" if "docker" in paths else "")
+        )
+    else:
+        print(f"best config: command line {paths['command']}, values {paths['json']}")
+    if leader is not None:
+        print(
+            f"not recommended (it led within the noise): trial {leader.number}, kept as "
+            f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}"
+        )
+    print(f"the whole story: autotune report {file}  (or autotune dashboard {file})")
 
 
 def _result_event(result, winner, paths: dict[str, Path]) -> dict:

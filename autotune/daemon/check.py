@@ -19,6 +19,7 @@ import httpx
 from autotune.daemon.config import DaemonConfig, bind_test
 from autotune.daemon.exporter import PHASE_METRIC
 from autotune.daemon.production import build_target, daemon_root
+from autotune.engine.health import probe
 from autotune.errors import AutotuneError
 
 __all__ = ["check_daemon"]
@@ -31,12 +32,11 @@ def _runnable(argv0: str) -> bool:
 
 def _production_answers(cfg: DaemonConfig) -> str | None:
     url = f"{cfg.production.url}/health"
-    try:
-        r = httpx.get(url, timeout=5.0)
-    except httpx.HTTPError as e:
-        return f"production does not answer at {url} ({type(e).__name__}): start it, or fix [production].url"
-    if r.status_code != 200:
-        return f"production answers {url} with HTTP {r.status_code}, not 200: is it healthy?"
+    h = probe(cfg.production.url)
+    if h.status is None:
+        return f"production does not answer at {url} ({h.error}): start it, or fix [production].url"
+    if not h.ok:
+        return f"production answers {url} with HTTP {h.status}, not 200: is it healthy?"
     return _proxy(cfg)
 
 
@@ -74,15 +74,14 @@ def _proxy(cfg: DaemonConfig) -> str | None:
     if live is None:
         return None
     color = live()  # a file naming neither color is a PublishError saying what to write
-    try:
-        r = httpx.get(f"{color.url}/health", timeout=5.0, trust_env=False)
-        if r.status_code != 200:
-            return f"{color.name} ({color.url}), the color the proxy names, answers /health with {r.status_code}"
-    except httpx.HTTPError as e:
+    h = probe(color.url)
+    if h.status is None:
         return (
             f"{color.name} ({color.url}), the color the proxy's upstream file names, does not answer "
-            f"({type(e).__name__}): start it, or point the file at the color that serves"
+            f"({h.error}): start it, or point the file at the color that serves"
         )
+    if not h.ok:
+        return f"{color.name} ({color.url}), the color the proxy names, answers /health with {h.status}"
     return None
 
 

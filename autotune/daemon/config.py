@@ -132,6 +132,36 @@ class DaemonConfig:
 _SEE = "see docs/daemon.md"
 
 
+def _production(prod: Table, w: str) -> Production:
+    """[production]: where production answers, and the publish target that restarts it."""
+    if "url" not in prod:
+        raise ConfigError(f"{w} [production].url is missing: production's base URL, e.g. http://127.0.0.1:8000")
+    url = prod.string("url")
+    if not re.match(r"https?://[^/]", url):
+        raise prod.wrong("url", "production's base URL, e.g. http://127.0.0.1:8000")
+    kind = prod.string("kind", "vllm-config")
+    settings = {k: prod.value(k) for k in prod if k not in ("url", "kind")}
+    check_settings(kind, settings, prod.where)  # each target kind checks its own keys
+    production = Production(url=url.rstrip("/"), kind=kind, settings=settings)
+    return production
+
+
+def _staging(staging: Table, p: Path) -> tuple[Path, Path | None]:
+    """[staging]: the study file the staging engine is tuned with, and a trace to tune on (relative to ``p``)."""
+    w = p.name
+    staging.only({"study", "trace"})
+    if "study" not in staging:
+        raise ConfigError(f"{w} [staging].study is missing: the study file the staging engine is tuned with")
+    study = p.parent / staging.string("study")  # an absolute path stays itself
+    if not study.is_file():
+        raise ConfigError(f"{w} [staging].study: {str(study)!r} does not exist")
+    trace = staging.string("trace", "")
+    trace = p.parent / trace if trace else None
+    if trace is not None and not trace.is_file():
+        raise ConfigError(f"{w} [staging].trace: {str(trace)!r} does not exist (record one with autotune capture)")
+    return study, trace
+
+
 def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConfig:
     """The daemon file at ``path``; ``serving``: the daemon itself is starting, so its metrics port must be free."""
     p = Path(path)
@@ -151,28 +181,8 @@ def load_daemon_config(path: str | Path, *, serving: bool = False) -> DaemonConf
     if not slos:
         raise ConfigError(f'{w}: give the SLOs production must meet, e.g. slos = ["ttft<800ms"]')
 
-    prod = top.table("production")
-    if "url" not in prod:
-        raise ConfigError(f"{w} [production].url is missing: production's base URL, e.g. http://127.0.0.1:8000")
-    url = prod.string("url")
-    if not re.match(r"https?://[^/]", url):
-        raise prod.wrong("url", "production's base URL, e.g. http://127.0.0.1:8000")
-    kind = prod.string("kind", "vllm-config")
-    settings = {k: prod.value(k) for k in prod if k not in ("url", "kind")}
-    check_settings(kind, settings, prod.where)  # each target kind checks its own keys
-    production = Production(url=url.rstrip("/"), kind=kind, settings=settings)
-
-    staging = top.table("staging")
-    staging.only({"study", "trace"})
-    if "study" not in staging:
-        raise ConfigError(f"{w} [staging].study is missing: the study file the staging engine is tuned with")
-    study = p.parent / staging.string("study")  # an absolute path stays itself
-    if not study.is_file():
-        raise ConfigError(f"{w} [staging].study: {str(study)!r} does not exist")
-    trace = staging.string("trace", "")
-    trace = p.parent / trace if trace else None
-    if trace is not None and not trace.is_file():
-        raise ConfigError(f"{w} [staging].trace: {str(trace)!r} does not exist (record one with autotune capture)")
+    production = _production(top.table("production"), w)
+    study, trace = _staging(top.table("staging"), p)
 
     watch = top.table("watch")
     # a scrape is an HTTP request to production: more than one a second is a busy loop, not a watch

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.daemon.arrivals import ArrivalCount
-from autotune.engine.kind import MetricSpec
-from autotune.engine.vllm.metrics import METRICS
+from autotune.engine.kind import MetricSpec, get_kind
 
-__all__ = ["Histogram", "Snapshot", "parse_metrics", "scrape"]
+__all__ = ["Histogram", "Snapshot", "parse_metrics", "scrape", "METRICS"]
+
+# production serves through vLLM (a vLLM config, blue/green colors, Xinference's vLLM engine): its kind names them
+METRICS: Mapping[str, MetricSpec] = get_kind("vllm").metrics
 
 
 @dataclass(frozen=True)

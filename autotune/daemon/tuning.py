@@ -316,24 +316,35 @@ def _differ(gain: float, noise: float, said: str | None = None) -> str:
 
 
 class TuningChild:
-    """``autotune study FILE`` in its own process group, its output appended to ``log``."""
+    """``autotune study FILE`` in its own process group, its output appended to ``log``.
+
+    Its lifecycle: built (nothing runs) -> ``start()`` (the process runs; a second start raises) -> ``poll()``
+    answers its exit code once it ended -> ``stop()`` ends it early (the study stays resumable)."""
 
     def __init__(self, argv: list[str], study_file: Path, log: Path) -> None:
-        with open(log, "ab") as out:
+        self.argv, self.study_file, self.log = list(argv), study_file, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> TuningChild:
+        if self.proc is not None:
+            raise RuntimeError(f"the tuning of {self.study_file} was started already")
+        with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [*argv, "study", str(study_file)],
+                [*self.argv, "study", str(self.study_file)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        return self
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        """The exit code once the study ended; None while it runs (or before it started)."""
+        return None if self.proc is None else self.proc.poll()
 
     def stop(self, grace: float = 60.0) -> None:
         """SIGINT the study (it stops its engine and stays resumable); SIGKILL the group after ``grace``."""
-        if self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:
             return
         try:
             os.killpg(self.proc.pid, signal.SIGINT)

@@ -14,8 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from autotune.daemon.prometheus import Histogram, Snapshot
-from autotune.engine.vllm.metrics import METRICS
+from autotune.daemon.prometheus import METRICS, Histogram, Snapshot
 from autotune.measure.slo import SLO
 
 __all__ = ["SLOEstimate", "Window", "level_change"]

@@ -16,6 +16,7 @@ An engine kind answers, for the rest of autotune:
     how to publish      render_config / parse_config   the engine's own config file format
                         staging_only                   values a staging engine may run, production never
     what it reports     metrics                        its Prometheus names, under our short keys
+    what it serves      frontend_args                  its API server's options (not the engine's)
 
 Kinds are found by name in a registry of ``"module:Class"`` strings, so adding one is a new
 module (or package) and one ``register`` call; ``kind_for_command`` picks the kind whose
@@ -29,16 +30,14 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from autotune.engine.args import EngineArgs
 from autotune.engine.failures import COMMON_PATTERNS, Patterns
 from autotune.engine.flags import FlagTable
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.model import ModelShape, locate
 from autotune.errors import ConfigError
-
-if TYPE_CHECKING:
-    from autotune.engine.args import EngineArgs
 
 __all__ = ["EngineKind", "MetricSpec", "register", "get_kind", "kind_for_command", "kind_names"]
 
@@ -70,6 +69,8 @@ class EngineKind:
     failure_patterns: Patterns = COMMON_PATTERNS
     staging_only: Mapping[str, Any] = {}
     metrics: Mapping[str, MetricSpec] = {}
+    # options of the engine's own API server, not of the engine: an engine embedded in another server drops them
+    frontend_args: frozenset[str] = frozenset()
     # name -> values; "<kind>-defaults" ({}: every searched knob at its default) is the usual first
     baselines: Mapping[str, Mapping[str, Any]] = {}
     # the arg that sets the fraction of device memory the engine may take: sampled trials run at the highest of

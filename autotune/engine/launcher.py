@@ -43,6 +43,7 @@ import psutil
 
 from autotune.engine.failures import COMMON_PATTERNS, Failure, FailureClass, LogWatch, Patterns, classify_exit
 from autotune.engine.gpu import wait_released
+from autotune.engine.health import probe
 from autotune.engine.leftovers import EngineRecord, kill_group, reap_leftovers, remove_record, write_record
 from autotune.errors import EngineFailure, IllegalTransition, Interrupted
 from autotune.locations import state_dir as default_state_dir
@@ -348,13 +349,11 @@ class Engine:
                 now = time.monotonic()
                 if now >= next_probe:
                     next_probe = now + 0.25
-                    try:
-                        if client.get(self.url + "/health").status_code == 200:
-                            self.ready_s = time.monotonic() - self._t0
-                            self._to(EngineState.READY)
-                            return
-                    except httpx.TransportError:
-                        pass  # not listening yet: vLLM binds only once the engine is built
+                    # no answer yet: vLLM listens only once the engine is built
+                    if probe(self.url, client=client).ok:
+                        self.ready_s = time.monotonic() - self._t0
+                        self._to(EngineState.READY)
+                        return
                 if now >= deadline:
                     with self._watch_lock:
                         tail = self._watch.tail()

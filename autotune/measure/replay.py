@@ -291,11 +291,15 @@ async def replay(
                 t.cancel()
             raise
         wall_s = time.perf_counter() - t0_perf
+    return Replay(model, started_at, _in_order(results, cut), wall_s, warmup_s, cut)
+
+
+def _in_order(results: list[RequestResult], cut: str) -> list[RequestResult]:
+    """The results in the workload's order, those a cut step left unanswered marked as cut."""
     for res in results:
         if cut and not res.success and not res.error:
             res.error = f"cut: the step was already lost ({cut})"
-    results.sort(key=lambda x: x.index)
-    return Replay(model, started_at, results, wall_s, warmup_s, cut)
+    return sorted(results, key=lambda x: x.index)
 
 
 def run_replay(

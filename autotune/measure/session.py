@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from autotune import __version__
-from autotune.engine.args import EngineArgs, EngineCommand
+from autotune.engine.command import CheckedArgs, EngineCommand
 from autotune.engine.failures import Failure
-from autotune.engine.flags import FlagTable
 from autotune.engine.launcher import Engine
 from autotune.errors import EngineFailure, MeasurementError
 from autotune.measure.metrics import RequestResult, Summary, lost_already, summarize
@@ -35,7 +34,16 @@ from autotune.measure.replay import GiveUp, Replay, ReplayOptions, run_replay
 from autotune.measure.slo import SLO, Verdict
 from autotune.workload.trace import Workload
 
-__all__ = ["Step", "Outcome", "measure_engine", "measure_url", "replay_on", "MIN_OFFERED_SHARE", "OnPhase"]
+__all__ = [
+    "Step",
+    "StepRecord",
+    "Outcome",
+    "measure_engine",
+    "measure_url",
+    "replay_on",
+    "MIN_OFFERED_SHARE",
+    "OnPhase",
+]
 
 OnPhase = Callable[[str], None]  # hears "starting", "load step N: R req/s", "stopping"
 OnResult = Callable[[RequestResult], None]
@@ -89,28 +97,66 @@ class Step:
         """The step counts toward capacity: every SLO held, no request failed, the load was really offered."""
         return self.slos_hold and self.summary.failed == 0 and self.client_kept_up
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> StepRecord:
         s = self.summary
-        return {
-            "load": self.load,
-            "rate": self.rate,
-            "passed": self.passed,
-            "client_kept_up": self.client_kept_up,
-            "offered_share": self.offered_share,
-            "replay_s": self.replay_s,
-            "cut": self.cut,
-            "completed": s.completed,
-            "failed": s.failed,
-            "request_throughput": s.request_throughput,
-            "output_throughput": s.output_throughput,
-            "goodput": s.goodput,
-            "slo_attainment": s.slo_attainment,
-            "ttft_p95": s.ttft.p95,
-            "tpot_p95": s.tpot.p95,
-            "e2e_p95": s.e2e.p95,
-            "send_lag_p99": s.send_lag.p99,
-            "slos": [v.to_json() for v in self.verdicts],
-        }
+        return StepRecord(
+            load=self.load,
+            rate=self.rate,
+            passed=self.passed,
+            client_kept_up=self.client_kept_up,
+            offered_share=self.offered_share,
+            replay_s=self.replay_s,
+            cut=self.cut,
+            completed=s.completed,
+            failed=s.failed,
+            request_throughput=s.request_throughput,
+            output_throughput=s.output_throughput,
+            goodput=s.goodput,
+            slo_attainment=s.slo_attainment,
+            ttft_p95=s.ttft.p95,
+            tpot_p95=s.tpot.p95,
+            e2e_p95=s.e2e.p95,
+            send_lag_p99=s.send_lag.p99,
+            slos=[v.to_json() for v in self.verdicts],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.record().to_json()
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A load step as a study stores it (a trial's ``steps``, a re-measurement's runs) and reads it back."""
+
+    load: float  # multiple of the workload's rate
+    rate: float  # requests/s offered
+    passed: bool  # counts toward capacity (Step.passed)
+    client_kept_up: bool = True  # False: the load was not really offered, so a miss bounds nothing
+    offered_share: float = 1.0
+    replay_s: float = 0.0
+    cut: str = ""
+    completed: int = 0
+    failed: int = 0
+    request_throughput: float = 0.0
+    output_throughput: float = 0.0
+    goodput: float = 0.0
+    slo_attainment: float = 0.0
+    ttft_p95: float | None = None
+    tpot_p95: float | None = None
+    e2e_p95: float | None = None
+    send_lag_p99: float | None = None
+    slos: list[dict[str, Any]] = field(default_factory=list)  # each SLO's Verdict.to_json()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> StepRecord:
+        """Read back what ``to_json`` wrote; keys it does not know are left out, missing ones take defaults."""
+        return cls(**{k: raw[k] for k in _STEP_KEYS if k in raw})
+
+
+_STEP_KEYS = frozenset(f.name for f in fields(StepRecord))
 
 
 @dataclass
@@ -250,8 +296,7 @@ def _run_steps(
 
 def measure_engine(
     command: EngineCommand,
-    args: EngineArgs,
-    table: FlagTable,
+    checked: CheckedArgs,
     workload_at: Callable[[float], Workload],
     slos: list[SLO],
     profile: LoadProfile,
@@ -265,14 +310,14 @@ def measure_engine(
     on_result: OnResult | None = None,
     cut_lost_steps: bool = False,
 ) -> Outcome:
-    """Start the engine with ``args`` (its flags checked first), step the load, stop it.
+    """Start the engine with ``checked`` (EngineCommand.check), step the load, stop it.
 
     ``cut_lost_steps``: stop a load step as soon as it cannot pass any more (a failed request, a TTFT or E2E SLO
     missed whatever the rest does: metrics.lost_already), for a search that only needs to know it failed; the
     step's numbers are then those of its requests so far, and ``Step.cut`` says why."""
     t0 = time.monotonic()
-    spec = command.launch_spec(args, table, log_dir, startup_timeout)
-    out = Outcome(url=spec.url, argv=spec.argv, env=dict(args.redacted().env), started_at=time.time())
+    spec = command.launch_spec(checked, log_dir, startup_timeout)
+    out = Outcome(url=spec.url, argv=spec.argv, env=dict(checked.args.redacted().env), started_at=time.time())
     engine = Engine(spec)
     out.log_paths = engine.log_paths
     try:

@@ -50,7 +50,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.configfile import Table
 from autotune.engine.kind import get_kind
-from autotune.engine.vllm.metrics import METRICS
 from autotune.errors import ConfigError, PublishError
 from autotune.publish.proxy import Proxy, create_proxy
 from autotune.publish.target import CanaryClient
@@ -59,7 +58,7 @@ from autotune.publish.vllm_config import VllmConfigTarget
 __all__ = ["BlueGreenTarget", "Color", "COLORS"]
 
 COLORS = ("blue", "green")
-_IN_FLIGHT = {METRICS["running"].name, METRICS["waiting"].name}
+_IN_FLIGHT = {get_kind("vllm").metrics[k].name for k in ("running", "waiting")}  # what a color holds while draining
 _KEYS = ("model", "health_timeout", "verify_window", "blue", "green", "proxy")
 
 

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
 from autotune.configfile import Table
+from autotune.engine.health import probe
 from autotune.errors import ConfigError, PublishError
 from autotune.locations import atomic_write
 
@@ -143,19 +142,15 @@ class NginxProxy:
         while time.monotonic() < deadline:
             # a new connection each time: nginx's old workers accept for a moment after the reload
             # signal, until the master has started the new ones; several answers in a row say it is done
-            try:
-                r = httpx.get(f"{self.url}/health", timeout=5.0, trust_env=False)
-                served_by = r.headers.get(UPSTREAM_HEADER)
-                if r.status_code == 200 and served_by in (None, backend):
-                    # None: a proxy config without the header; a 200 is all it can tell
-                    in_a_row += 1
-                    if in_a_row >= 3:
-                        return
-                    time.sleep(0.1)
-                    continue
-                last = f"/health {r.status_code} from {served_by or 'unknown'}"
-            except httpx.HTTPError as e:
-                last = type(e).__name__
+            h = probe(self.url, header=UPSTREAM_HEADER)
+            if h.ok and h.served_by in (None, backend):
+                # None: a proxy config without the header; a 200 is all it can tell
+                in_a_row += 1
+                if in_a_row >= 3:
+                    return
+                time.sleep(0.1)
+                continue
+            last = f"/health {h.status} from {h.served_by or 'unknown'}" if h.status is not None else h.error
             in_a_row = 0
             time.sleep(0.2)
         raise PublishError(

@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from autotune.engine.health import probe
 from autotune.errors import ConfigError, PublishError
 
 __all__ = ["Target", "CanaryClient", "register", "create_target", "check_settings", "target_kinds", "wait_healthy"]
@@ -98,13 +99,13 @@ def wait_healthy(url: str, timeout_s: float, interval_s: float = 1.0) -> float:
     last = "no answer"
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() - t0 < timeout_s:
+            h = probe(url, client=client)
+            last = f"/health {h.status}" if h.status is not None else h.error
             try:
-                h = client.get(f"{url}/health")
-                if h.status_code == 200:
+                if h.ok:
                     m = client.get(f"{url}/v1/models")
                     if m.status_code == 200 and m.json().get("data"):
                         return time.monotonic() - t0
-                last = f"/health {h.status_code}"
             except httpx.HTTPError as e:
                 last = type(e).__name__
             time.sleep(interval_s)

@@ -54,7 +54,6 @@ from autotune.publish.target import CanaryClient, Target
 __all__ = [
     "LAUNCH_FIELDS",
     "RESERVED_VLLM_ARGS",
-    "VLLM_FRONTEND_ARGS",
     "XINFERENCE_OPTIONS",
     "Deployment",
     "XinferenceAuth",
@@ -133,77 +132,6 @@ RESERVED_VLLM_ARGS: dict[str, str] = {
     "a second value is a TypeError",
 }
 
-# Options of `vllm serve`'s API server, not AsyncEngineArgs fields (vLLM 0.32's parser): Xinference
-# runs its own OpenAI-compatible server, so none of them has anywhere to go.
-VLLM_FRONTEND_ARGS: frozenset[str] = frozenset(
-    {
-        "allow_credentials",
-        "allowed_headers",
-        "allowed_methods",
-        "allowed_origins",
-        "anthropic_disabled_thinking_effort",
-        "api_key",
-        "api_server_count",
-        "chat_template",
-        "chat_template_content_format",
-        "cohere_format",
-        "cohere_is_reasoning_model",
-        "config",
-        "data_parallel_supervisor_port",
-        "default_chat_template_kwargs",
-        "disable_access_log_for_endpoints",
-        "disable_fastapi_docs",
-        "disable_uvicorn_access_log",
-        "dp_supervisor_probe_failure_threshold",
-        "dp_supervisor_probe_interval_s",
-        "dp_supervisor_probe_timeout_s",
-        "enable_auto_tool_choice",
-        "enable_flash_late_interaction",
-        "enable_force_include_usage",
-        "enable_log_deltas",
-        "enable_log_outputs",
-        "enable_offline_docs",
-        "enable_per_request_metrics",
-        "enable_prompt_tokens_details",
-        "enable_request_id_headers",
-        "enable_scale_out",
-        "enable_server_load_tracking",
-        "enable_ssl_refresh",
-        "enable_tokenizer_info_endpoint",
-        "exclude_tools_when_tool_choice_none",
-        "fingerprint_mode",
-        "fingerprint_value",
-        "grpc",
-        "grpc_port",
-        "h11_max_header_count",
-        "h11_max_incomplete_event_size",
-        "headless",
-        "host",
-        "log_error_stack",
-        "lora_modules",
-        "max_log_len",
-        "middleware",
-        "port",
-        "response_role",
-        "return_tokens_as_token_ids",
-        "root_path",
-        "sse_keep_alive_interval",
-        "ssl_ca_certs",
-        "ssl_cert_reqs",
-        "ssl_certfile",
-        "ssl_ciphers",
-        "ssl_keyfile",
-        "tool_call_parser",
-        "tool_parser_plugin",
-        "tool_server",
-        "tool_strict_level",
-        "trust_request_chat_template",
-        "trust_request_mm_kwargs",
-        "uds",
-        "uvicorn_log_level",
-    }
-)
-
 # vLLM's `quantization` collides with Xinference's launch field of that name (the model spec's
 # quantization); Xinference takes the engine's under this name and renames it back.
 _RENAMED = {"quantization": "model_quantization"}
@@ -239,7 +167,7 @@ def engine_kwargs(vllm_values: Mapping[str, Any], *, engine_fields: frozenset[st
     so names pass unchanged, except ``quantization`` (sent as ``model_quantization``). JSON text for a
     field Xinference does not parse itself becomes the object. Rejected, all at once and each with its
     reason: args Xinference sets itself (RESERVED_VLLM_ARGS), `vllm serve` API-server options
-    (VLLM_FRONTEND_ARGS), names Xinference would take as its own launch fields or options, a nested
+    (the vLLM kind's ``frontend_args``), names Xinference would take as its own launch fields or options, a nested
     ``engine_config``, and, when ``engine_fields`` (the target vLLM's AsyncEngineArgs fields) is given,
     anything that is not one of them.
     """
@@ -253,7 +181,7 @@ def engine_kwargs(vllm_values: Mapping[str, Any], *, engine_fields: frozenset[st
             )
         elif name in RESERVED_VLLM_ARGS:
             bad[name] = RESERVED_VLLM_ARGS[name]
-        elif name in VLLM_FRONTEND_ARGS:
+        elif name in get_kind("vllm").frontend_args:
             bad[name] = "an option of vllm serve's API server, not an engine arg: Xinference serves its own API"
         elif name not in _RENAMED and (name in LAUNCH_FIELDS or name in XINFERENCE_OPTIONS):
             bad[name] = "a field Xinference takes itself, not a vLLM engine arg: put it in launch_fields"

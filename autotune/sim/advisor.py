@@ -18,6 +18,7 @@ import optuna
 from autotune.engine.gpu import GpuInfo
 from autotune.errors import ConfigError
 from autotune.locations import state_dir
+from autotune.measure.session import StepRecord
 from autotune.sim import calibrate as cal
 from autotune.sim.config import not_modelled
 from autotune.sim.perf import API_SERVER
@@ -171,12 +172,12 @@ def measured_steps(trials: Sequence[optuna.trial.FrozenTrial], only: set[int] | 
             continue
         args = a[Attr.ENGINE_ARGS]
         values: dict[str, Any] = {**args.get("env", {}), **args.get("values", {})}
-        for st in a[Attr.STEPS]:
-            if st.get("failed") or st.get("cut") or (st.get("completed") or 0) < 2:  # a cut step's first requests only
+        for st in map(StepRecord.from_json, a[Attr.STEPS]):
+            if st.failed or st.cut or st.completed < 2:  # a cut step's first requests only
                 continue
-            measured = {k: float(st[k]) for k in cal.METRICS if st.get(k)}
+            measured = {k: float(getattr(st, k)) for k in cal.METRICS if getattr(st, k)}
             if measured:
-                out.append(cal.MeasuredStep(t.number, values, float(st["load"]), measured))
+                out.append(cal.MeasuredStep(t.number, values, st.load, measured))
     return out
 
 

@@ -489,24 +489,12 @@ class FrontEnd:
         return replace(self, free_s=0.0, merge=self.merge if merge is None else merge)
 
 
-# vLLM's API server: what its one process spends per request, per prompt token and per streamed token, measured on
-# real vLLM 0.32 (CPU build, the tiny model; scripts/bench_front_end.py: CPU seconds of the API-server process over
-# bursts of 400 streamed requests) on two of this project's 2-core VMs. Per request and per prompt token, the AMD EPYC
-# host's (bench/front_end_cpu.json: 2.34 ms, the mean of completion and chat; 1.87 us, where a fit on public points
-# had found 2.2 us). Per output token and per SSE chunk, the Intel Xeon host's (bench/front_end_cpu_xeon.json, its
-# long-output burst also run under --stream-interval 16: 15.5 us for detokenization and the step's output record,
-# 32.1 us for a chunk; the AMD host took 109 us for both), which the fit part chooses: since V1's output handler
-# merges chunks only within one slice of 128 requests, the streamed tokens of its large batches weigh the per-token
-# path, and the log loss of its V1 points is 0.0473 at the AMD host's costs, 0.0223 at the Xeon's, flat beyond (its
-# V0 points 0.0154 -> 0.0128; the request side is flat or wants it slower). Each figure is the median of the rounds
-# of bursts. latency_s is the path outside that process (the client, the socket, the hop to the engine core), a floor
-# under TTFT fitted on the fit part's V1 low-load points (gpustack Qwen3-8B/H100 at concurrency 1-8;
-# bench/sim_fidelity.md). render_share, the part of a request's cost its handler spends before it hands the prompt
-# to the tokenizer's thread, is measured on the same real vLLM (scripts/bench_front_end.py --order, raw-socket bursts
-# of 50-400 requests, bench/front_end_order.json): the first token of a burst comes 0.39 ms later for every chat
-# request in it, 0.21 ms for every completion, of 1.00 and 0.83 ms of the API server's CPU a request (0.39 and 0.26;
-# 0.33 their mean, as request_s is). The fit part, the form given, asks for the same (log loss of its V1 points at
-# 0 / 0.2 / 0.33 / 0.45 / 0.6: 0.0345 / 0.0303 / 0.0298 / 0.0305 / 0.0337).
+# vLLM's API server: what its one process spends per request, per prompt token, per streamed token and per SSE
+# chunk, measured on real vLLM 0.32's CPU build (scripts/bench_front_end.py: the API-server process's CPU seconds
+# over bursts of streamed requests; bench/front_end_cpu.json for the request and prompt costs,
+# bench/front_end_cpu_xeon.json for the output costs, the host whose figures the fit part chooses). render_share is
+# measured the same way (`--order`, bench/front_end_order.json). latency_s, the path outside that process, is a floor
+# under TTFT fitted on the fit part's V1 low-load points (bench/sim_fidelity.md).
 MEASURED_API_SERVER = FrontEnd(
     request_s=2.34e-3, prompt_token_s=1.87e-6, output_token_s=15.5e-6, chunk_s=32.1e-6, render_share=0.33
 )

@@ -41,16 +41,10 @@ __all__ = ["GpuProfile", "GPUS", "CALIBRATED", "MODELS", "gpu_profile", "model_s
 
 MiB = 1 << 20
 
-# The host's cost of a step, a GPU host's default (GpuProfile.host_step_s, host_seq_s):
-# - fixed: vLLM's own scheduler, measured on real vLLM (scripts/bench_scheduler.py, bench/scheduler_cpu.json: 40 us
-#   + 17 us per running request a decode step on this project's VM; the per-request part is inside HOST_SEQ_S);
-# - per scheduled sequence: 37.5 us, fitted with the 40 us fixed by `scripts/bench_sim_fidelity.py --fit-host
-#   h100-80gb` on the fit part's H100 points (log loss 0.0383 at the 12.5 us it was -> 0.0142; both free: 0 and
-#   37.5 us). The A100's fit part, fitted on its own (`--fit-host a100-80gb`), gives 0 and 40.6 us (log loss 0.0142
-#   against 0.0143 at these two and 0.0205 at the 1.2 ms + 4 us every GPU but the Hopper ones had kept): the cost
-#   is vLLM's on the host's CPU, whichever GPU it drives. Earlier per-sequence values: 28 us (Lambda replayed with
-#   log-normal lengths), 12.5 us; it had been flat while the API server's per-token ceiling capped the large
-#   batches, until V1's merged chunks lifted that ceiling (perf.FrontEnd).
+# The host's cost of a step, a GPU host's default (GpuProfile.host_step_s, host_seq_s): the fixed part is vLLM's
+# scheduler measured on real vLLM (scripts/bench_scheduler.py, bench/scheduler_cpu.json); the per-sequence part is
+# fitted on the fit part's H100 points (`scripts/bench_sim_fidelity.py --fit-host h100-80gb`; the A100's points give
+# the same: the cost is vLLM's on the host's CPU, whichever GPU it drives; bench/sim_fidelity.md).
 SCHEDULER_STEP_S = 40e-6
 HOST_SEQ_S = 37.5e-6
 
@@ -144,49 +138,30 @@ _H100_MEASURED: _Shares = {
     "attention_bandwidth_efficiency": 0.676,
     "attention_compute_efficiency": 0.506,
 }
-# - Sustained compute (H100, H200): a whole vLLM prefill reaches 0.6 of the kernels' measured compute shares,
-#   fitted by `--fit-sustained h100-80gb` on the fit part's H100 points, which its prefill points decide (GPUStack
-#   Qwen3-14B, 2K-32K random inputs sent at once: without it 1.65-1.89x too fast, while the A100's shares, fitted
-#   on vLLM's own steps, put the same runs on an A100 within 13 %). The H200 takes it (the same die).
+# - Sustained compute (H100, H200): the share of the kernels' measured compute a whole vLLM prefill reaches, fitted
+#   on the fit part's H100 prefill points (`--fit-sustained h100-80gb`, GPUStack Qwen3-14B); the H200 takes it.
 HOPPER_SUSTAINED = 0.6
 # - Grouped GEMMs of a mixture of experts (H100, A100): the share of the GEMM rate the routed experts' fused MoE
-#   kernels reach, fitted by `--fit-moe GPU` on the fit part's MoE points, GPUStack's gpt-oss-20b groups (MXFP4
-#   experts; public_groups.toml): 0.55 on the H100 (the H200 and the H100 PCIe take it), 0.775 on the A100 (fitted
-#   with its sink-attention share below, each at the other's value, after the fused-MoE call took the routed
-#   activations' traffic and its rows' padding to the kernel's row block; 0.55 before, 0.438 before its sink
-#   attention was modelled), with the per-token cells of 4-token answers left out of the loss
-#   (bench_sim_fidelity.fitted_cells; with one of them in, the H100's fit gave 0.325). The gpt-oss-120b and
-#   Qwen3-235B groups stay held out (bench/sim_fidelity.md).
+#   kernels reach, fitted on GPUStack's gpt-oss-20b groups (`--fit-moe GPU`, MXFP4 experts; the per-token cells of
+#   4-token answers left out: bench_sim_fidelity.fitted_cells); the H200 and H100 PCIe take the H100's.
 HOPPER_GROUPED_GEMM = 0.55
-# - fp8 experts on Hopper run Triton's W8A8 fused MoE, whose grouped GEMMs reach 0.288 of the fp8 rate (against the
-#   0.55 above, fitted on MXFP4 experts: Marlin): `scripts/bench_moe_kernels.py --fit-fp8-grouped` on the fit table's
-#   rows of 256-4096 tokens (vLLM #24700, Qwen3-30B-A3B fp8 on an H100), where the model was 0.39-0.77x of the
-#   measured call with the 0.55 (bench/sim_fidelity.md, "fp8 experts' grouped GEMMs"); 0.206 before the call took
-#   the routed activations' traffic (perf.StepModel.routed_activation_seconds) and its rows' padding to the row
-#   block (perf.StepModel.padding), which that share had absorbed (log loss 0.0252 -> 0.0005 with both)
+# - fp8 experts on Hopper run Triton's W8A8 fused MoE: the share of the fp8 rate its grouped GEMMs reach, fitted on
+#   vllm#24700's benchmark_moe.py table (`scripts/bench_moe_kernels.py --fit-fp8-grouped`, rows of 256-4096 tokens;
+#   bench/sim_fidelity.md, "fp8 experts' grouped GEMMs").
 HOPPER_FP8_GROUPED_GEMM = 0.288
 A100_GROUPED_GEMM = 0.775
-# - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: on the A100
-#   it reaches 0.209 of the attention compute rate, fitted by `scripts/bench_sim_fidelity.py --fit-sink-attention
-#   a100-80gb` on the fit part's gpt-oss-20b A100 points (0.288, log loss 0.0765 -> 0.0411, while the A100 kept the
-#   old host default; 0.228, log loss 0.0125, with the host's default cost; 0.209, log loss 0.0108, with the
-#   grouped share above), whose 32K-token prompts were 1.64x too fast while the same runs on an H100 (FlashAttention
-#   3) were within 3 %
+# - Attention with sinks (gpt-oss) before Hopper runs vLLM's Triton attention backend, not FlashAttention: its
+#   share of the A100's attention compute rate, fitted on the fit part's gpt-oss-20b A100 points
+#   (`scripts/bench_sim_fidelity.py --fit-sink-attention a100-80gb`; the same runs on an H100 need no such share).
 A100_SINK_ATTENTION = 0.209
-# - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 (an fp8 checkpoint on a GPU
-#   without fp8 tensor cores) and W4A16 (AWQ) kernels reach, fitted by `--fit-weight-only a100-80gb` on the fit part's
-#   only such points, GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (ShareGPT, all at once: 1.44x and 1.36x too fast
-#   at the bf16 rate): 0.6, and 0.7 once the A100 took the host's default cost (log loss 0.0113), which those
-#   batches of hundreds of sequences pay. The fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
+# - Weight-only quantized linear layers (A100): the share of the GEMM rate Marlin's W8A16 and W4A16 kernels reach,
+#   fitted on GPUStack's Qwen3-32B-FP8 and -AWQ on one A100 (`--fit-weight-only a100-80gb`, the fit part's only
+#   such points); the fp8 MoE models on the A100 stay held out (bench/sim_fidelity.md).
 A100_WEIGHT_ONLY = 0.7
-# - A fused-MoE call (H100): 31.0 us fixed and 0.344 us per routed expert it touches, its expert reads at 0.934 of the
-#   bandwidth (30.9 and 0.376 us before the routed activations' traffic was charged apart; the two fits alternated to
-#   a fixed point), fitted by `scripts/bench_moe_kernels.py --fit` on public benchmark_moe.py tables of the H100
-#   (Qwen3-30B-A3B fp8 and Mixtral bf16, vllm#24700; rows of up to 128 tokens, where the reads bind). At batch 1 the
-#   call takes 40-45 us where its reads alone would take 6-17 us. Every GPU takes the two costs (the same kernels);
-#   the H200 takes the read share too (the same memory system; its own table, sglang#11730, stays held out). The
-#   tables time Triton's kernel: Marlin's (MXFP4, int4, fp8 on Ampere; perf.marlin_kernels) and other GPUs read
-#   experts at their linear layers' share.
+# - A fused-MoE call: a fixed cost, a cost per routed expert it touches and its expert reads' share of the
+#   bandwidth, fitted on vllm#24700's H100 benchmark_moe.py tables (`scripts/bench_moe_kernels.py --fit`, rows of up
+#   to 128 tokens, where the reads bind). Every GPU takes the two costs (the same kernels), the H200 the read share
+#   too; Marlin's kernels (perf.marlin_kernels) and other GPUs read experts at their linear layers' share.
 HOPPER_EXPERT_BANDWIDTH = 0.934
 # - All-reduce over an A100's NVLink: NCCL's bus bandwidth, measured, not the 300 GB/s line rate a direction. Public
 #   nccl-tests runs on 8 A100-SXM4-80GB over NVLink report a busbw of ~200 GB/s (NVIDIA/nccl-tests#149), 208 GB/s

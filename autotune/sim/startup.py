@@ -106,6 +106,60 @@ def cudagraph_bytes(shape: ModelShape, config: SimConfig) -> int:
     return (shape.layers * max(sizes) * shape.hidden * 2 * 4) // config.tensor_parallel_size + len(sizes) * 4 * MiB
 
 
+# vLLM's own words for each way a start fails here (engine/vllm/failures.py classifies them)
+_NO_CACHE_BLOCKS = (
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+    "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
+    "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
+    "conserving_memory/ for more details."
+)
+
+
+def _engine_config_line(config: SimConfig) -> str:
+    return (
+        f"Initializing a V1 LLM engine (v0.33.0) with config: max_seq_len={config.max_model_len}, "
+        f"tensor_parallel_size={config.tensor_parallel_size}, "
+        f"enforce_eager={config.enforce_eager}, "
+        f"enable_prefix_caching={config.enable_prefix_caching}, "
+        f"enable_chunked_prefill={config.enable_chunked_prefill}"
+    )
+
+
+def _weights_oom(weights: int, free: int, total: int) -> str:
+    chunk = min(weights, 1 * GiB) // MiB
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {chunk}.00 MiB. GPU 0 has a total "
+        f"capacity of {_gib(total)} GiB of which {_gib(max(free - weights, 0) * 0.01)} GiB is free. "
+        f"Including non-PyTorch memory, this process has {_gib(free)} GiB memory in use."
+    )
+
+
+def _activation_oom(config: SimConfig, forward: int, total: int, *, sampler_only: bool) -> str:
+    """The profiling run's failure: warming up the sampler (``sampler_only``), or the forward pass itself."""
+    if sampler_only:
+        return (
+            f"RuntimeError: CUDA out of memory occurred when warming up sampler with "
+            f"{config.max_num_seqs} dummy requests. Please try lowering `max_num_seqs` or "
+            "`gpu_memory_utilization` when initializing the engine."
+        )
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        f"{forward // (4 * MiB)}.00 MiB. GPU 0 has a total capacity of {_gib(total)} GiB."
+    )
+
+
+def _kv_too_small(config: SimConfig, need: int, kv: int, kv_per_token: int) -> str:
+    est = (kv // kv_per_token) // config.block_size * config.block_size
+    est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
+    return (
+        f"ValueError: To serve at least one request with the model's max seq len ({config.max_model_len}), "
+        f"({_gib(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({_gib(kv)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also controls CPU "
+        "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+
+
 def plan_startup(
     shape: ModelShape, gpu: GpuProfile, config: SimConfig, *, used_by_others: int = 0, device: str = "cuda:0"
 ) -> Startup:
@@ -115,18 +169,7 @@ def plan_startup(
     total = gpu.memory_bytes
     free = total - used_by_others
     requested = int(config.gpu_memory_utilization * total)
-    s.phases.append(
-        Phase(
-            6.0,
-            (
-                f"Initializing a V1 LLM engine (v0.33.0) with config: max_seq_len={config.max_model_len}, "
-                f"tensor_parallel_size={config.tensor_parallel_size}, "
-                f"enforce_eager={config.enforce_eager}, "
-                f"enable_prefix_caching={config.enable_prefix_caching}, "
-                f"enable_chunked_prefill={config.enable_chunked_prefill}",
-            ),
-        )
-    )
+    s.phases.append(Phase(6.0, (_engine_config_line(config),)))
     if config.kv_cache_memory_bytes is None and free < requested:
         s.failure = (
             f"ValueError: Free memory on device {device} ({_gib(free)}/{_gib(total)} GiB) on startup is less "
@@ -139,12 +182,7 @@ def plan_startup(
     load_s = 1.0 if config.load_format == "dummy" else 2.0 + weights / DISK_BYTES_PER_S
     if weights > free - NON_TORCH_BYTES:
         s.phases.append(Phase(load_s * 0.8, ()))
-        chunk = min(weights, 1 * GiB) // MiB
-        s.failure = (
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {chunk}.00 MiB. GPU 0 has a total "
-            f"capacity of {_gib(total)} GiB of which {_gib(max(free - weights, 0) * 0.01)} GiB is free. "
-            f"Including non-PyTorch memory, this process has {_gib(free)} GiB memory in use.",
-        )
+        s.failure = (_weights_oom(weights, free, total),)
         return s
     s.phases.append(Phase(load_s, (f"Model loading took {_gib(weights)} GiB memory and {load_s:.6f} seconds",)))
     if not config.enforce_eager:
@@ -154,17 +192,7 @@ def plan_startup(
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if gpus > 1 else 0)
     if weights + non_torch + forward + sampler > free:
         s.phases.append(Phase(2.0, ()))
-        if weights + non_torch + forward <= free:
-            s.failure = (
-                f"RuntimeError: CUDA out of memory occurred when warming up sampler with "
-                f"{config.max_num_seqs} dummy requests. Please try lowering `max_num_seqs` or "
-                "`gpu_memory_utilization` when initializing the engine.",
-            )
-        else:
-            s.failure = (
-                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                f"{forward // (4 * MiB)}.00 MiB. GPU 0 has a total capacity of {_gib(total)} GiB.",
-            )
+        s.failure = (_activation_oom(config, forward, total, sampler_only=weights + non_torch + forward <= free),)
         return s
     graphs = cudagraph_bytes(shape, config)
     kv_per_token = (
@@ -178,27 +206,14 @@ def plan_startup(
         kv = requested - weights - forward - sampler - non_torch - (graphs if config.era != "v0" else 0)
     s.phases.append(Phase(2.0, (f"Available KV cache memory: {_gib(kv)} GiB",)))
     if kv <= 0:
-        s.failure = (
-            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            "when initializing the engine (this flag also controls CPU memory reservation on the CPU "
-            "backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/"
-            "conserving_memory/ for more details.",
-        )
+        s.failure = (_NO_CACHE_BLOCKS,)
         return s
     # vLLM counts whole blocks (max_memory_usage_bytes: cdiv(max_model_len, block_size) pages), so a
     # max_model_len just past the estimated maximum fails instead of starting with a cache shorter
     # than one max_model_len sequence
     need = kv_per_token * (-(-config.max_model_len // config.block_size) * config.block_size)
     if need > kv:
-        est = (kv // kv_per_token) // config.block_size * config.block_size
-        est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
-        s.failure = (
-            f"ValueError: To serve at least one request with the model's max seq len ({config.max_model_len}), "
-            f"({_gib(need)} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({_gib(kv)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also controls CPU "
-            "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
-            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-        )
+        s.failure = (_kv_too_small(config, need, kv, kv_per_token),)
         return s
     if weights + forward + sampler + non_torch + graphs + kv > free:
         # --kv-cache-memory-bytes bypasses the budget: the allocation itself fails
@@ -212,15 +227,8 @@ def plan_startup(
     s.plan = MemoryPlan(
         total, requested, weights, forward + sampler, non_torch, graphs, kv, kv_per_token, blocks, config.block_size
     )
-    s.phases.append(
-        Phase(
-            0.5,
-            (
-                f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
-                f"{config.max_model_len:,} tokens per request: {tokens / config.max_model_len:.2f}x",
-            ),
-        )
-    )
+    concurrency = f"{config.max_model_len:,} tokens per request: {tokens / config.max_model_len:.2f}x"
+    s.phases.append(Phase(0.5, (f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for {concurrency}",)))
     sizes = capture_sizes(config)
     if sizes:
         secs = 2.0 + 0.08 * len(sizes) * math.sqrt(shape.layers / 32)

@@ -145,31 +145,20 @@ def simulate(
     )
 
 
-def _run(
-    engine: SimEngine,
-    workload: Workload,
-    *,
-    keep_itl: bool,
-    on_step: Callable[[float, int], None] | None,
-    tag: str,
-    max_concurrency: int | None = None,
-    prompt_ids: Sequence[Sequence[int]] | None = None,
-) -> list[RequestResult]:
-    sched = engine.scheduler
-    bs = engine.config.block_size
-    arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
-    heapq.heapify(arrivals)
-    results: list[RequestResult] = []
+def _requests(
+    workload: Workload, block_size: int, tag: str, prompt_ids: Sequence[Sequence[int]] | None
+) -> tuple[list[Request], list[RequestResult]]:
+    """The scheduler's request for each of the workload's, and its result as the client will fill it in."""
     reqs: list[Request] = []
-    last: list[float] = []
+    results: list[RequestResult] = []
     for i, r in enumerate(workload.requests):
         if prompt_ids is not None:
             n = len(prompt_ids[i])
-            hashes = block_hashes(prompt_ids[i], bs)
+            hashes = block_hashes(prompt_ids[i], block_size)
         else:
             n = prompt_length(r)
             # one stand-in per block: block size 1 for the hashes
-            hashes = block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, bs), 1)
+            hashes = block_hashes(prompt_blocks(f"{tag}{i}", n, r.prefix_group, r.prefix_tokens, block_size), 1)
         reqs.append(Request(f"{tag}{i}", n, max(1, r.output_tokens), r.arrival_s, hashes))
         results.append(
             RequestResult(
@@ -181,7 +170,24 @@ def _run(
                 expected_output_tokens=r.output_tokens,
             )
         )
-        last.append(0.0)
+    return reqs, results
+
+
+def _run(
+    engine: SimEngine,
+    workload: Workload,
+    *,
+    keep_itl: bool,
+    on_step: Callable[[float, int], None] | None,
+    tag: str,
+    max_concurrency: int | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+) -> list[RequestResult]:
+    sched = engine.scheduler
+    arrivals = [(r.arrival_s, i) for i, r in enumerate(workload.requests)]
+    heapq.heapify(arrivals)
+    reqs, results = _requests(workload, engine.config.block_size, tag, prompt_ids)
+    last = [0.0] * len(reqs)  # each request's time of its latest token, from its send
     held: deque[int] = deque()  # arrived while max_concurrency requests were in flight
     in_flight = 0
     # V0 streams each token in a chunk of its own; V1 merges a request's tokens between the API server's yields

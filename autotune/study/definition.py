@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.configfile import Table, read_toml, show
-from autotune.engine.args import EngineArgs, EngineCommand, Value
+from autotune.engine.args import EngineArgs, Value
+from autotune.engine.command import EngineCommand
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.kind import EngineKind
 from autotune.engine.model import ModelFiles, locate, parse_bytes
@@ -143,20 +144,8 @@ def _default_storage(d: StudyDefinition) -> str:
 _SEE = "see 'Writing a study' in docs/study-file.md"
 
 
-def load_study(
-    path: str | Path, *, default_platform: str | None = None, default_runs_dir: Path | None = None
-) -> StudyDefinition:
-    """``default_runs_dir``: the runs_dir of a file that names none (else ``runs``, under the working directory);
-    a file that names no storage keeps its Optuna storage there too (runs_dir/studies.db)."""
-    p = Path(path)
-    top = Table.of_file(p, "study file", see=_SEE)
-    top.only(_TOP)
-    where = p.name
-    name = top.string("name", p.stem) or p.stem
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ConfigError(f"{where}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
-
-    eng = top.table("engine")
+def _engine(eng: Table, default_platform: str | None):
+    """[engine]: (the command, the platform, the fixed args, the start-up timeout, declared GPUs, secret env names)."""
     model = eng.string("model")
     platform = eng.string("platform", default_platform or "cuda", choices=("cuda", "cpu"))
     args, env = eng.table("args"), eng.table("env")
@@ -178,18 +167,12 @@ def load_study(
     fixed = EngineArgs(dict(args.data), {key: env.text(key) for key in env})
     for key, value in fixed.values.items():
         check_range(kind, key, value, args.name(key))
+    return engine, platform, fixed, startup, gpus, secret_env
 
-    params = None
-    if "space" in top:
-        space = top.table("space")
-        if not space.keys():
-            raise ConfigError(
-                f"{space.where} is empty, so it would search nothing: name a parameter, "
-                "or leave [space] out to search the engine's default space"
-            )
-        params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space)
 
-    wl = top.table("workload")
+def _workload(wl: Table, p: Path, kind: EngineKind, fixed: EngineArgs, model: str) -> WorkloadSpec:
+    """[workload]: a trace (relative to the study file) or a scenario, and what changes it."""
+    where = p.name
     overrides: dict[str, object] = {
         key: _token_range(wl, key) for key in ("prompt_tokens", "output_tokens", "prefix_tokens") if key in wl
     }
@@ -211,10 +194,11 @@ def load_study(
     wl.done()
     if (workload.trace is None) == (workload.scenario is None):
         raise ConfigError(f"{where} [workload]: give either trace = FILE or scenario = NAME")
+    return workload
 
-    slos = read_slos(top)
 
-    obj = top.table("objective")
+def _objective(obj: Table) -> Objective:
+    """[objective]: what a trial's score is, and how its loads are stepped."""
     objective = Objective(
         kind=obj.string("kind", "capacity", choices=SCORING_KINDS),
         start_load=obj.number("start_load", 1.0, above=0),
@@ -226,6 +210,40 @@ def load_study(
         cut_lost_steps=obj.boolean("cut_lost_steps", True),
     )
     obj.done()
+    return objective
+
+
+def load_study(
+    path: str | Path, *, default_platform: str | None = None, default_runs_dir: Path | None = None
+) -> StudyDefinition:
+    """``default_runs_dir``: the runs_dir of a file that names none (else ``runs``, under the working directory);
+    a file that names no storage keeps its Optuna storage there too (runs_dir/studies.db)."""
+    p = Path(path)
+    top = Table.of_file(p, "study file", see=_SEE)
+    top.only(_TOP)
+    where = p.name
+    name = top.string("name", p.stem) or p.stem
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(f"{where}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
+
+    engine, platform, fixed, startup, gpus, secret_env = _engine(top.table("engine"), default_platform)
+    kind, model = engine.engine_kind, engine.model
+
+    params = None
+    if "space" in top:
+        space = top.table("space")
+        if not space.keys():
+            raise ConfigError(
+                f"{space.where} is empty, so it would search nothing: name a parameter, "
+                "or leave [space] out to search the engine's default space"
+            )
+        params = tuple(Param.from_table(k, space.value(k), space.name(k), kind) for k in space)
+
+    workload = _workload(top.table("workload"), p, kind, fixed, model)
+
+    slos = read_slos(top)
+
+    objective = _objective(top.table("objective"))
     if objective.kind == "capacity" and not slos:
         raise ConfigError(f"{where}: the capacity objective needs at least one SLO (slos = ['ttft<800ms'] or --slo)")
 

@@ -39,13 +39,13 @@ def capacity_text(r: TrialRecord) -> str:
 
 def _missed(r: TrialRecord) -> str:
     """How the lowest load missed: the SLOs that failed there, measured against target."""
-    steps = sorted(r.steps, key=lambda s: s["load"])
+    steps = sorted(r.steps, key=lambda s: s.load)
     if not steps:
         return "nothing measured"
     low = steps[0]
-    misses = [v for v in low.get("slos", []) if not v["holds"]]
-    said = ", ".join(f"{v['slo']} measured {_measured(v)}" for v in misses) or f"{low['failed']} failed requests"
-    return f"no load met the SLOs (at {low['rate']:.2f} req/s: {said})"
+    misses = [v for v in low.slos if not v["holds"]]
+    said = ", ".join(f"{v['slo']} measured {_measured(v)}" for v in misses) or f"{low.failed} failed requests"
+    return f"no load met the SLOs (at {low.rate:.2f} req/s: {said})"
 
 
 def _measured(v: dict) -> str:
@@ -61,10 +61,10 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
     if r.failure_class:
         outcome = f"{r.failure_class}: {r.failure}"
-    elif r.state == TrialState.PRUNED and r.race and r.race.get("lost"):
+    elif r.state == TrialState.PRUNED and r.race and r.race.lost:
         outcome = (
-            f"lost the race to trial {r.race['incumbent']}: missed the SLOs at "
-            f"{r.race['missed_at_rps']:.2f} req/s, where it holds them"
+            f"lost the race to trial {r.race.incumbent}: missed the SLOs at "
+            f"{r.race.missed_at_rps or 0.0:.2f} req/s, where it holds them"
         )
     elif r.state == TrialState.PRUNED:
         outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"

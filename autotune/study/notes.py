@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.outputs import NOT_RECOMMENDED
-from autotune.study.records import Attr, StudyResult, TrialRecord
+from autotune.study.records import Attr, StepRecord, StudyResult, TrialRecord
 
 __all__ = ["trial_note", "study_note", "save_notes", "KEEP"]
 
@@ -76,10 +76,8 @@ def _measured(v: dict[str, Any]) -> str:
     return f"{m * 1000:.0f} ms" if metric in LATENCY_METRICS else f"{m:.1f}"
 
 
-def _verdicts(step: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{_code(v['slo'])} {_measured(v)} ({'holds' if v.get('holds') else 'misses'})" for v in step.get("slos", [])
-    )
+def _verdicts(step: StepRecord) -> str:
+    return ", ".join(f"{_code(v['slo'])} {_measured(v)} ({'holds' if v.get('holds') else 'misses'})" for v in step.slos)
 
 
 # -- a trial ----------------------------------------------------------------------------------------
@@ -145,7 +143,7 @@ def trial_note(r: TrialRecord, reference: TrialRecord | None) -> str:
                 f"{_md(reference.label)} ({_rps(reference.capacity_rps)}, trial {reference.number})",
             ]
         top = r.capacity_step
-        if top and top.get("slos"):
+        if top and top.slos:
             lines += ["", f"At capacity: {_verdicts(top)}."]
     elif r.state == TrialState.PRUNED:
         lines.append(
@@ -155,8 +153,8 @@ def trial_note(r: TrialRecord, reference: TrialRecord | None) -> str:
     elif r.state == TrialState.COMPLETE:
         lines.append("**Capacity: 0 req/s**: no load met every SLO.")
         if r.steps:
-            lowest = min(r.steps, key=lambda s: s["load"])
-            lines += ["", f"At the lowest load ({_rps(lowest.get('rate') or 0.0)}): {_verdicts(lowest)}."]
+            lowest = min(r.steps, key=lambda s: s.load)
+            lines += ["", f"At the lowest load ({_rps(lowest.rate)}): {_verdicts(lowest)}."]
     else:
         lines.append("No result: the trial stopped before it measured anything (interrupted, or its worker died).")
     if r.predicted_capacity_rps is not None:

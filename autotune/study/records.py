@@ -14,13 +14,15 @@ with no constraints recorded never measured anything and is not feasible.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine.args import EngineArgs
+from autotune.measure.session import StepRecord
 from autotune.study.baselines import BaselinePoint
 from autotune.study.scoring import REMEASURE_RESOLUTION
 
@@ -28,6 +30,8 @@ __all__ = [
     "Attr",
     "NO_MEASUREMENT",
     "TrialRecord",
+    "RaceRecord",
+    "StepRecord",
     "Candidate",
     "Remeasurement",
     "StudyResult",
@@ -80,19 +84,44 @@ class Attr:
     UTILIZATION_CEILING = "utilization_ceiling"  # study attr: below a memory fraction that failed to start for real
 
 
+@dataclass(frozen=True)
+class RaceRecord:
+    """A sampled trial's race against the incumbent (``Attr.RACE``): who, from which load, and how it ended."""
+
+    incumbent: int  # the trial raced: the feasible one with the best capacity when this one started
+    incumbent_rps: float
+    start_load: float  # the incumbent's capacity as a multiple of the workload's rate: where the race starts
+    lost: bool | None = None  # None while it runs
+    missed_at_rps: float | None = None  # where a lost race missed the SLOs
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RaceRecord:
+        return cls(
+            int(raw["incumbent"]),
+            float(raw["incumbent_rps"]),
+            float(raw["start_load"]),
+            raw.get("lost"),
+            None if raw.get("missed_at_rps") is None else float(raw["missed_at_rps"]),
+        )
+
+    def ended(self, lost: bool, missed_at_rps: float | None = None) -> RaceRecord:
+        return replace(self, lost=lost, missed_at_rps=missed_at_rps)
+
+
 def baseline_attrs(b: BaselinePoint) -> dict[str, Any]:
     """A baseline trial's user attrs, set when it is queued."""
     return {Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args, Attr.BASELINE_NOTES: list(b.notes)}
 
 
-def held_every_load(steps: list[dict[str, Any]]) -> bool:
+def held_every_load(steps: Sequence[StepRecord]) -> bool:
     """Did a ladder find no load that missed above its capacity? Then the capacity is where the ladder stopped
     climbing: the config serves at least that much, how much more is unknown, and no gain is computed from it. A
     step the load generator could not offer in time (``client_kept_up`` false) bounds nothing."""
-    passed = [s["load"] for s in steps if s.get("passed")]
-    return bool(passed) and not any(
-        not s.get("passed") and s.get("client_kept_up", True) and s["load"] > max(passed) for s in steps
-    )
+    passed = [s.load for s in steps if s.passed]
+    return bool(passed) and not any(not s.passed and s.client_kept_up and s.load > max(passed) for s in steps)
 
 
 def constraints_of(trial: FrozenTrial) -> list[float]:
@@ -142,14 +171,14 @@ class TrialRecord:
         return float(self.attrs.get(Attr.CAPACITY_OUTPUT_TOK_S, 0.0))
 
     @property
-    def steps(self) -> list[dict[str, Any]]:
-        return list(self.attrs.get(Attr.STEPS, []))
+    def steps(self) -> list[StepRecord]:
+        return [StepRecord.from_json(s) for s in self.attrs.get(Attr.STEPS, [])]
 
     @property
-    def capacity_step(self) -> dict[str, Any] | None:
+    def capacity_step(self) -> StepRecord | None:
         """The highest-load step that passed."""
-        passed = [s for s in self.steps if s["passed"]]
-        return max(passed, key=lambda s: s["load"]) if passed else None
+        passed = [s for s in self.steps if s.passed]
+        return max(passed, key=lambda s: s.load) if passed else None
 
     @property
     def failure_class(self) -> str | None:
@@ -165,9 +194,10 @@ class TrialRecord:
         return str(self.attrs.get(Attr.CHOSEN_BECAUSE) or (f"baseline {self.baseline}" if self.baseline else "sampled"))
 
     @property
-    def race(self) -> dict[str, Any] | None:
-        """The incumbent this trial raced (``incumbent``, ``incumbent_rps``), and whether it ``lost`` there."""
-        return self.attrs.get(Attr.RACE)
+    def race(self) -> RaceRecord | None:
+        """The incumbent this trial raced, and whether it lost there."""
+        raw = self.attrs.get(Attr.RACE)
+        return None if raw is None else RaceRecord.from_json(raw)
 
     @property
     def same_config_as(self) -> int | None:
@@ -216,7 +246,7 @@ class Candidate:
     trial_number: int
     args: EngineArgs
     capacities: list[float] = field(default_factory=list)
-    runs: list[list[dict[str, Any]]] = field(default_factory=list)  # each run's load steps
+    runs: list[list[StepRecord]] = field(default_factory=list)  # each run's load steps
     trial_load: float = 0.0  # the load its trial held last (its capacity / the base rate): where re-measuring starts
 
     @property
@@ -337,7 +367,7 @@ def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REME
                 "capacities": c.capacities,
                 "median": c.median,
                 "spread": c.spread,
-                "runs": c.runs,
+                "runs": [[s.to_json() for s in run] for run in c.runs],
                 "at_least": c.at_least,
             }
             for c in cands

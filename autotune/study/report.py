@@ -132,14 +132,14 @@ def _no_winner(result: StudyResult) -> str:
             "failed; see the failures below)."
         )
     close = min(measured, key=lambda t: max(t.constraints))  # the smallest worst miss
-    step = min(close.steps, key=lambda s: s["load"])  # its judged step: the lowest load tried
-    missed = [v for v in step["slos"] if not v["holds"]]
+    step = min(close.steps, key=lambda s: s.load)  # its judged step: the lowest load tried
+    missed = [v for v in step.slos if not v["holds"]]
     why = ", ".join(f"{v['slo']} (measured {_shown(v['key'], v['measured'])})" for v in missed) or (
-        f"{step['failed']} failed requests" if step["failed"] else "the client could not offer the load"
+        f"{step.failed} failed requests" if step.failed else "the client could not offer the load"
     )
     return (
         f"No configuration met every SLO: the closest, trial {close.number} ({_config(close)}), missed {why} "
-        f"at its lowest load, {step['rate']:.2f} req/s."
+        f"at its lowest load, {step.rate:.2f} req/s."
     )
 
 
@@ -182,7 +182,7 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
     top = w.capacity_step
     if top is not None:
         parts.append(
-            f"<h3>SLOs at trial {w.number}'s capacity, {top['rate']:.2f} req/s</h3>"
+            f"<h3>SLOs at trial {w.number}'s capacity, {top.rate:.2f} req/s</h3>"
             + _table(
                 ("SLO", "measured", "target", "verdict"),
                 [
@@ -192,7 +192,7 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
                         _shown(v["key"], v["target"]),
                         "holds" if v["holds"] else "misses",
                     )
-                    for v in top["slos"]
+                    for v in top.slos
                 ],
                 "winner-slos",
             )
@@ -233,19 +233,19 @@ def _ladders(d: StudyDefinition, result: StudyResult):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p95 TTFT (ms)", "p95 TPOT (ms)"))
     palette = plotly.colors.qualitative.Plotly
     for i, t in enumerate(measured):
-        steps = sorted(t.steps, key=lambda s: s["load"])  # the ladder bisects: in load order, not run order
-        for col, key in ((1, "ttft_p95"), (2, "tpot_p95")):
+        steps = sorted(t.steps, key=lambda s: s.load)  # the ladder bisects: in load order, not run order
+        for col, p95 in ((1, lambda s: s.ttft_p95), (2, lambda s: s.tpot_p95)):
             fig.add_trace(
                 go.Scatter(
-                    x=[s["rate"] for s in steps],
-                    y=[None if s.get(key) is None else s[key] * 1000 for s in steps],
+                    x=[s.rate for s in steps],
+                    y=[None if p95(s) is None else p95(s) * 1000 for s in steps],
                     mode="lines+markers",
                     name=f"trial {t.number} ({t.label})",
                     legendgroup=str(t.number),
                     showlegend=col == 1,
                     line={"color": palette[i % len(palette)]},
-                    marker={"size": 10, "symbol": ["circle" if s["passed"] else "x" for s in steps]},
-                    text=["passed" if s["passed"] else "missed" for s in steps],
+                    marker={"size": 10, "symbol": ["circle" if s.passed else "x" for s in steps]},
+                    text=["passed" if s.passed else "missed" for s in steps],
                     hovertemplate="%{x:.2f} req/s: %{y:.0f} ms, %{text}",
                 ),
                 row=1,

@@ -33,7 +33,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -42,18 +42,28 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.engine import gpu, launcher
 from autotune.engine.args import EngineArgs
+from autotune.engine.command import CheckedArgs
 from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, Interrupted, TrialFailed
 from autotune.measure.profiles import Ladder, LoadProfile, Race
-from autotune.measure.replay import ReplayOptions
-from autotune.measure.session import Outcome, measure_engine
+from autotune.measure.session import Outcome
 from autotune.study.advice import Advice
 from autotune.study.advisor import Advisor, AdvisorTarget, advisor_for
 from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
+from autotune.study.measurer import EngineMeasurer, Measurer
 from autotune.study.notes import save_notes
-from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, Remeasurement, TrialRecord, baseline_attrs, judge
+from autotune.study.records import (
+    NO_MEASUREMENT,
+    Attr,
+    Candidate,
+    RaceRecord,
+    Remeasurement,
+    TrialRecord,
+    baseline_attrs,
+    judge,
+)
 from autotune.study.scoring import REMEASURE_RESOLUTION
 from autotune.study.space import Space, default_space
 from autotune.study.storage import TPE_STARTUP_TRIALS, shared_storage
@@ -118,19 +128,20 @@ def study_advisor(d: StudyDefinition, steps: LoadSteps) -> tuple[Advisor, str | 
 
 
 class StudyRun:
-    """Runs one study definition to its budget, then re-measures and names the winner. ``advisor``: what the study
-    may ask before it measures (study/advisor.py; the default advises nothing)."""
+    """Runs one study definition to its budget, then re-measures and names the winner. ``measurer``: how a config
+    is measured (study/measurer.py); ``advisor``: what the study may ask before it measures (study/advisor.py; the
+    default advises nothing)."""
 
     def __init__(
         self,
         d: StudyDefinition,
-        table: FlagTable,
+        measurer: Measurer,
         steps: LoadSteps,
         show: Callable[[str], None] = lambda _: None,
         notice: Callable[[str], None] | None = None,
         advisor: Advisor | None = None,
     ) -> None:
-        self.d, self.table, self.steps = d, table, steps
+        self.d, self.measurer, self.steps = d, measurer, steps
         self.space = build_space(d)
         self.scoring = d.objective.scoring()
         self.shape = d.command.engine_kind.shape(d.command.model)
@@ -143,6 +154,12 @@ class StudyRun:
         self.advice = Advice(
             advisor or Advisor(), self.space, steps, seed=d.seed, budget=d.budget.trials, notice=self._notice
         )
+
+    @classmethod
+    def on_engine(cls, d: StudyDefinition, table: FlagTable, steps: LoadSteps, **kw: Any) -> StudyRun:
+        """A run that measures on the study's own engine command, its flags checked against ``table``."""
+        measurer = EngineMeasurer(d.command, table, steps.at, d.slos, startup_timeout=d.startup_timeout_s)
+        return cls(d, measurer, steps, **kw)
 
     def _notice(self, line: str) -> None:
         self.notice(line)  # late-bound: the CLI sets ``notice`` after construction, once its view is up
@@ -189,14 +206,14 @@ class StudyRun:
         extra = [(b.name, b.values) for b in self.d.baselines]
         # a bad flag (or trust_remote_code by any spelling) in the space or a baseline is an error now,
         # before any engine starts, not a failed trial
-        self.d.command.argv(self.space.engine_args(self.space.complete({})), self.table)
+        self.measurer.check(self.space.engine_args(self.space.complete({})))
         baselines = [
             b
             for b in self._distinct(baseline_points(self.space, self.d.builtin_baselines, extra))
             if b.name not in done
         ]
         for b in baselines:
-            self.d.command.argv(self.space.engine_args(b.params, b.extra_args), self.table)
+            self.measurer.check(self.space.engine_args(b.params, b.extra_args))
         queued: set[str] = set()
         if self.scoring.remeasured:  # in the order of its predictions, its picks among them
             queued = self.advice.queue_first(study, baselines)
@@ -256,120 +273,132 @@ class StudyRun:
     # -- the objective -------------------------------------------------------------------
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, ...]:
+        """One trial: its config checked, taken from a twin or pruned before launch where it can be, else measured
+        and judged (the table at the top of this module)."""
         t0 = time.monotonic()
         values = self.space.sample(trial)
         if not trial.user_attrs.get(Attr.BASELINE):
             values = self.advice.highest_that_starts(trial, values)
         args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
-        argv = self.d.command.argv(args, self.table)  # ConfigError -> the study stops: a bug in the space
-        label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+        config = self.measurer.check(args)  # ConfigError -> the study stops: a bug in the space
         if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
             trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
         shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
         twin = None if trial.user_attrs.get(Attr.BASELINE) else self._measured_twin(trial, shown.to_json())
         if twin is not None:
-            return self._as_measured(trial, twin, argv, shown)
+            return self._as_measured(trial, twin, list(config.argv), shown)
         self.advice.predict_trial(trial, args)
-        trial.set_user_attr(Attr.ARGV, argv)
-        trial.set_user_attr(Attr.ENV, dict(shown.env))
-        trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
-        trial.set_user_attr(Attr.HOST, self.host)
-        trial.set_user_attr(Attr.WORKER, self.worker)
-        trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
-        trial.set_user_attr(Attr.ENGINE_GPUS, self.space.engine.gpus_per_engine(args.values))
+        self._record_config(trial, config, shown)
+        label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
         self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
-        if self.d.precheck and self.shape is not None:
-            mem = self.devices[0].total_bytes if self.devices else None
-            reason = self.space.engine.precheck(self.shape, args, self.d.platform, mem)
-            if reason is not None:
-                self._record_failure(trial, "oom", f"pre-check: {reason}", "", engine_seconds=0.0)
-                trial.set_user_attr(Attr.PRECHECK, reason)
-                self.show(f"trial {trial.number}: pruned before launch: {reason}")
-                raise optuna.TrialPruned(reason)
-
-        def on_step(out: Outcome) -> bool:
-            self._record_steps(trial, out)
-            last = out.steps[-1]
-            if last.cut:
-                self.show(
-                    f"trial {trial.number}: the step at {last.rate:.2f} req/s stopped after "
-                    f"{len(last.results)} requests: {last.cut}"
-                )
-            if not self.scoring.prunable or trial.user_attrs.get(Attr.BASELINE):
-                return False  # baselines are measured in full: every result is shown as a gain over them
-            trial.report(out.capacity_rps, len(out.steps) - 1)
-            return trial.should_prune()
-
+        self._precheck(trial, args)
         race = self._race(trial)
-        profile: LoadProfile = self.scoring.profile()
-        # pareto: one load, no ladder to start
-        guess = self.advice.ladder_start(trial) if race is None and self.scoring.remeasured else None
-        if guess is not None:
-            profile = Ladder(
-                guess / self.steps.base.rate, self.d.objective.max_steps, self.d.objective.resolution, gallop=True
-            )
-            trial.set_user_attr(Attr.LADDER_START_RPS, guess)
-        if race is not None:
-            profile = Race(race["start_load"], self.d.objective.max_steps, self.d.objective.resolution)
-            trial.set_user_attr(Attr.RACE, race)
-            self.show(
-                f"trial {trial.number}: races trial {race['incumbent']}, starting at its capacity "
-                f"{race['incumbent_rps']:.2f} req/s"
-            )
-        log_dir = self.d.run_dir / "trials" / f"{trial.number:04d}"
-        out = measure_engine(
-            self.d.command,
-            args,
-            self.table,
-            self.steps.at,
-            self.d.slos,
-            profile,
-            log_dir=log_dir,
-            startup_timeout=self.d.startup_timeout_s,
-            replay=ReplayOptions(),
-            requests_file=log_dir / "requests.jsonl",
+        out = self.measurer.measure(
+            config,
+            self._profile(trial, race),
+            log_dir=self.d.run_dir / "trials" / f"{trial.number:04d}",
             on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"),
-            on_step=on_step,
+            on_step=functools.partial(self._on_step, trial),
             cut_lost_steps=self._cut_lost_steps,
         )
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         self._record_timing(trial, out, time.monotonic() - t0)
         self._upload(trial, out)
+        return self._judge(trial, out, race)
+
+    def _record_config(self, trial: optuna.Trial, config: CheckedArgs, shown: EngineArgs) -> None:
+        """What runs, and where: the dashboard's account of the trial before it measures."""
+        trial.set_user_attr(Attr.ARGV, list(config.argv))
+        trial.set_user_attr(Attr.ENV, dict(shown.env))
+        trial.set_user_attr(Attr.ENGINE_ARGS, shown.to_json())
+        trial.set_user_attr(Attr.HOST, self.host)
+        trial.set_user_attr(Attr.WORKER, self.worker)
+        trial.set_user_attr(Attr.GPUS, [f"{g.index}:{g.name}" for g in self.devices])
+        trial.set_user_attr(Attr.ENGINE_GPUS, self.space.engine.gpus_per_engine(config.args.values))
+
+    def _precheck(self, trial: optuna.Trial, args: EngineArgs) -> None:
+        """Prune, at 0 engine seconds, a config the engine kind proves cannot start."""
+        if not self.d.precheck or self.shape is None:
+            return
+        mem = self.devices[0].total_bytes if self.devices else None
+        reason = self.space.engine.precheck(self.shape, args, self.d.platform, mem)
+        if reason is not None:
+            self._record_failure(trial, "oom", f"pre-check: {reason}", "", engine_seconds=0.0)
+            trial.set_user_attr(Attr.PRECHECK, reason)
+            self.show(f"trial {trial.number}: pruned before launch: {reason}")
+            raise optuna.TrialPruned(reason)
+
+    def _on_step(self, trial: optuna.Trial, out: Outcome) -> bool:
+        """After each load step: its record, and the pruner's word (True: stop here)."""
+        self._record_steps(trial, out)
+        last = out.steps[-1]
+        if last.cut:
+            self.show(
+                f"trial {trial.number}: the step at {last.rate:.2f} req/s stopped after "
+                f"{len(last.results)} requests: {last.cut}"
+            )
+        if not self.scoring.prunable or trial.user_attrs.get(Attr.BASELINE):
+            return False  # baselines are measured in full: every result is shown as a gain over them
+        trial.report(out.capacity_rps, len(out.steps) - 1)
+        return trial.should_prune()
+
+    def _profile(self, trial: optuna.Trial, race: RaceRecord | None) -> LoadProfile:
+        """The loads the trial is measured at: a race from the incumbent's capacity, a ladder from the advisor's
+        guess, or the objective's own (pareto: one load, no ladder to start)."""
+        objective = self.d.objective
+        if race is not None:
+            trial.set_user_attr(Attr.RACE, race.to_json())
+            self.show(
+                f"trial {trial.number}: races trial {race.incumbent}, starting at its capacity "
+                f"{race.incumbent_rps:.2f} req/s"
+            )
+            return Race(race.start_load, objective.max_steps, objective.resolution)
+        guess = self.advice.ladder_start(trial) if self.scoring.remeasured else None
+        if guess is None:
+            return self.scoring.profile()
+        trial.set_user_attr(Attr.LADDER_START_RPS, guess)
+        return Ladder(guess / self.steps.base.rate, objective.max_steps, objective.resolution, gallop=True)
+
+    def _judge(self, trial: optuna.Trial, out: Outcome, race: RaceRecord | None) -> float | tuple[float, ...]:
+        """The trial's value, or the pruning or failure its measurement means."""
         if race is not None and out.failure is None and Race.lost([(st.load, st.passed) for st in out.steps]):
-            lost_at = out.steps[0].rate  # its steps and constraints are recorded already, by on_step
-            trial.set_user_attr(Attr.RACE, {**race, "lost": True, "missed_at_rps": lost_at})
+            lost_at = out.steps[0].rate  # its steps and constraints are recorded already, by _on_step
+            trial.set_user_attr(Attr.RACE, race.ended(lost=True, missed_at_rps=lost_at).to_json())
             self.show(
                 f"trial {trial.number}: lost the race: missed the SLOs at {lost_at:.2f} req/s, where trial "
-                f"{race['incumbent']} holds them"
+                f"{race.incumbent} holds them"
             )
-            raise optuna.TrialPruned(f"raced trial {race['incumbent']}: missed the SLOs at {lost_at:.2f} req/s")
+            raise optuna.TrialPruned(f"raced trial {race.incumbent}: missed the SLOs at {lost_at:.2f} req/s")
         if out.stopped_early:
             self.show(f"trial {trial.number}: pruned at {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
             raise optuna.TrialPruned(f"capacity {out.capacity_rps:.2f} req/s after {len(out.steps)} steps")
-
         if out.failure is not None:
-            f = out.failure
-            self._record_failure(trial, f.failure_class.value, f.summary, f.excerpt, out.engine_start_s)
-            self.show(f"trial {trial.number}: {f.failure_class.value}: {f.summary}")
-            if f.failure_class is FailureClass.INVALID_ARGS:
-                engine = self.space.engine.display_name
-                raise ConfigError(
-                    f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
-                    f"config {engine} refuses: fix the space (argv in the trial's user attrs)"
-                )
-            if f.failure_class is FailureClass.OOM:
-                self.advice.ran_out_of_memory(trial)
-            if f.failure_class in _PRUNED_CLASSES:
-                raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
-            raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
-
+            self._failed(trial, out)
         self._record_steps(trial, out)  # the final constraints and capacity
         if race is not None:
-            trial.set_user_attr(Attr.RACE, {**race, "lost": False})
+            trial.set_user_attr(Attr.RACE, race.ended(lost=False).to_json())
         cap = out.capacity
         trial.set_user_attr(Attr.CAPACITY_OUTPUT_TOK_S, cap.summary.output_throughput if cap else 0.0)
         self.show(f"trial {trial.number}: capacity {out.capacity_rps:.2f} req/s")
         return self.scoring.value(out)
+
+    def _failed(self, trial: optuna.Trial, out: Outcome) -> NoReturn:
+        """Record an engine failure and raise what it tells Optuna: pruned, failed, or the study stops."""
+        assert out.failure is not None
+        f = out.failure
+        self._record_failure(trial, f.failure_class.value, f.summary, f.excerpt, out.engine_start_s)
+        self.show(f"trial {trial.number}: {f.failure_class.value}: {f.summary}")
+        if f.failure_class is FailureClass.INVALID_ARGS:
+            engine = self.space.engine.display_name
+            raise ConfigError(
+                f"{engine} rejected trial {trial.number}'s args ({f.summary}); the space allows a "
+                f"config {engine} refuses: fix the space (argv in the trial's user attrs)"
+            )
+        if f.failure_class is FailureClass.OOM:
+            self.advice.ran_out_of_memory(trial)
+        if f.failure_class in _PRUNED_CLASSES:
+            raise optuna.TrialPruned(f"{f.failure_class.value}: {f.summary}")
+        raise TrialFailed(f"{f.failure_class.value}: {f.summary}")  # FAIL: not the config's fault
 
     @staticmethod
     def _measured_twin(trial: optuna.Trial, engine_args: dict[str, Any]) -> FrozenTrial | None:
@@ -413,7 +442,7 @@ class StudyRun:
             raise optuna.TrialPruned(f"the same config as trial {twin.number}, pruned")
         return tuple(twin.values) if len(twin.values) > 1 else twin.values[0]
 
-    def _race(self, trial: optuna.Trial) -> dict[str, float | int] | None:
+    def _race(self, trial: optuna.Trial) -> RaceRecord | None:
         """The incumbent a sampled trial races (the feasible trial with the best capacity so far, baselines
         included), or None: baselines and the first trials are measured in full, and so is every trial of a
         study with ``race = false`` or an objective with no single winner."""
@@ -426,7 +455,7 @@ class StudyRun:
         base_rate = self.steps.base.rate
         if best is None or not base_rate > 0:
             return None
-        return {"incumbent": best.number, "incumbent_rps": best.values[0], "start_load": best.values[0] / base_rate}
+        return RaceRecord(best.number, best.values[0], start_load=best.values[0] / base_rate)
 
     def _why(self, trial: optuna.Trial) -> str:
         """Why this config runs now, in the words the console and the dashboard show."""
@@ -460,10 +489,10 @@ class StudyRun:
 
     @property
     def _cut_lost_steps(self) -> bool:
-        """Stop a load step once it cannot pass (measure_engine): its failure is all a capacity search needs. Not
-        where the study says so, nor where the objective reads the step's numbers (pareto), nor where the
-        simulator refits to this study's steps: a cut step's numbers are its first requests only, left out of a
-        fit, and the saturated steps are what a fit learns capacity from."""
+        """Stop a load step once it cannot pass (the measurer's ``cut_lost_steps``): its failure is all a capacity
+        search needs. Not where the study says so, nor where the objective reads the step's numbers (pareto), nor
+        where the simulator refits to this study's steps: a cut step's numbers are its first requests only, left
+        out of a fit, and the saturated steps are what a fit learns capacity from."""
         return self.d.objective.cut_lost_steps and self.scoring.cuts_lost_steps and not self.advice.learning
 
     def _record_timing(self, trial: optuna.Trial, out: Outcome, wall: float) -> None:
@@ -544,16 +573,10 @@ class StudyRun:
             for c in cands:
                 self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
                 log_dir = self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}"
-                out = measure_engine(
-                    self.d.command,
-                    c.args,
-                    self.table,
-                    self.steps.at,
-                    self.d.slos,
+                out = self.measurer.measure(
+                    self.measurer.check(c.args),
                     self.scoring.remeasure_profile(c.trial_load),
                     log_dir=log_dir,
-                    startup_timeout=self.d.startup_timeout_s,
-                    requests_file=log_dir / "requests.jsonl",
                     on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
                     cut_lost_steps=self._cut_lost_steps,
                 )
@@ -562,7 +585,7 @@ class StudyRun:
                 self.notice(
                     f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s"
                 )
-                c.runs.append([s.to_json() for s in out.steps])
+                c.runs.append([s.record() for s in out.steps])
         verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
         save_notes(study, [s.text for s in self.d.slos])

@@ -15,11 +15,11 @@ from typing import Any
 
 import tomli_w
 
-from autotune.engine.args import EngineCommand
+from autotune.engine.command import EngineCommand
 from autotune.engine.gpu import GpuInfo
 from autotune.engine.model import locate
 from autotune.errors import ConfigError
-from autotune.measure.slo import parse_slos
+from autotune.measure.slo import SLO
 
 __all__ = ["StudyRequest", "Platform", "check_request", "render_study", "study_name", "validated"]
 
@@ -29,7 +29,7 @@ class StudyRequest:
     """What a person typed: the model, the SLOs, the traffic, and optionally the engine and the budget."""
 
     model: str
-    slos: tuple[str, ...]
+    slos: tuple[SLO, ...]  # parsed once, from the flags
     engine_command: str
     workload: Path | None = None  # a trace file; else the synthetic scenario
     scenario: str | None = None
@@ -67,7 +67,6 @@ def check_request(req: StudyRequest) -> None:
         raise ConfigError(
             "give the latency promise to tune for: --slo 'ttft<800ms' (repeatable; 'p99:ttft<1s', 'tpot<50ms', 'rps>5')"
         )
-    parse_slos(list(req.slos))  # a typo is its own one-line error
     if req.workload is None and req.rate is None:
         raise ConfigError(
             "say what traffic to tune for: --workload trace.jsonl (recorded, e.g. by autotune capture), "
@@ -106,6 +105,24 @@ def _abs(path: Path | str) -> str:
     return str(Path(path).resolve())
 
 
+def _workload_lines(req: StudyRequest) -> list[str]:
+    """The study file's [workload]: the trace given, or the synthetic scenario at the rate given."""
+    out = ["", "[workload]"]
+    if req.workload is not None:
+        out.append(f"trace = {_toml_value(_abs(req.workload))}   # arrivals and lengths as recorded")
+        if req.rate is not None:
+            out.append(f"rate = {_toml_value(req.rate)}            # arrivals for a file without arrival times")
+    else:
+        out += [
+            f"scenario = {_toml_value(req.scenario or 'chat')}          # chat, long-docs or high-concurrency",
+            f"rate = {_toml_value(req.rate)}                   # requests/s; each trial's load ladder starts here",
+            f"requests = {req.requests}",
+        ]
+    if req.tokenizer is not None:
+        out.append(f"tokenizer = {_toml_value(_abs(req.tokenizer))}   # prompts are built with the engine's tokenizer")
+    return out
+
+
 def render_study(
     req: StudyRequest, platform: Platform, default_space: dict[str, dict[str, Any]], tokenizer_arg: str | None
 ) -> str:
@@ -113,13 +130,12 @@ def render_study(
 
     Paths are absolute, so the file reruns the same study from any directory.
     """
-    check_request(req)
     name = study_name(req)
     runs = _abs(req.runs_dir)
     local = Path(req.model).is_dir()
     model = _abs(req.model) if local else req.model
     command = EngineCommand.parse_command(req.engine_command)  # a bad command line fails here, not at trial 0
-    slos = ", ".join(_toml_value(s) for s in req.slos)
+    slos = ", ".join(_toml_value(s.text) for s in req.slos)
     out = [
         f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(req.runs_dir)}/{name}/study.toml",
         "# Edit anything below; 'Writing a study' in autotune's docs/study-file.md documents every key.",
@@ -167,19 +183,7 @@ def render_study(
     ]
     out += [f"# {k} = {_toml_value(v)}" for k, v in default_space.items()]
 
-    out += ["", "[workload]"]
-    if req.workload is not None:
-        out.append(f"trace = {_toml_value(_abs(req.workload))}   # arrivals and lengths as recorded")
-        if req.rate is not None:
-            out.append(f"rate = {_toml_value(req.rate)}            # arrivals for a file without arrival times")
-    else:
-        out += [
-            f"scenario = {_toml_value(req.scenario or 'chat')}          # chat, long-docs or high-concurrency",
-            f"rate = {_toml_value(req.rate)}                   # requests/s; each trial's load ladder starts here",
-            f"requests = {req.requests}",
-        ]
-    if req.tokenizer is not None:
-        out.append(f"tokenizer = {_toml_value(_abs(req.tokenizer))}   # prompts are built with the engine's tokenizer")
+    out += _workload_lines(req)
     out += [
         "",
         "[objective]",

@@ -24,6 +24,7 @@ class VllmKind(EngineKind):
     failure_patterns = failures.PATTERNS
     staging_only = config.STAGING_ONLY
     metrics = metrics.METRICS
+    frontend_args = flags.FRONTEND_ARGS
     baselines = defaults.BASELINES
     memory_fraction = "gpu_memory_utilization"
     context_length = "max_model_len"

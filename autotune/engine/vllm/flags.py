@@ -33,6 +33,7 @@ __all__ = [
     "dump_flags",
     "engine_python",
     "table_for_command",
+    "FRONTEND_ARGS",
 ]
 
 # Flags that people copy from blog posts and old docs, with what to do instead (checked against 0.32/0.33).
@@ -216,3 +217,75 @@ def table_for_command(command: list[str], version: str | None = None) -> FlagTab
         if dump is not None:
             return _vllm_table(dump, "parser")
     return bundled
+
+
+# Options of `vllm serve`'s API server, not AsyncEngineArgs fields (vLLM 0.32's parser): what an engine
+# embedded in another server (Xinference's) has nowhere to put.
+FRONTEND_ARGS: frozenset[str] = frozenset(
+    {
+        "allow_credentials",
+        "allowed_headers",
+        "allowed_methods",
+        "allowed_origins",
+        "anthropic_disabled_thinking_effort",
+        "api_key",
+        "api_server_count",
+        "chat_template",
+        "chat_template_content_format",
+        "cohere_format",
+        "cohere_is_reasoning_model",
+        "config",
+        "data_parallel_supervisor_port",
+        "default_chat_template_kwargs",
+        "disable_access_log_for_endpoints",
+        "disable_fastapi_docs",
+        "disable_uvicorn_access_log",
+        "dp_supervisor_probe_failure_threshold",
+        "dp_supervisor_probe_interval_s",
+        "dp_supervisor_probe_timeout_s",
+        "enable_auto_tool_choice",
+        "enable_flash_late_interaction",
+        "enable_force_include_usage",
+        "enable_log_deltas",
+        "enable_log_outputs",
+        "enable_offline_docs",
+        "enable_per_request_metrics",
+        "enable_prompt_tokens_details",
+        "enable_request_id_headers",
+        "enable_scale_out",
+        "enable_server_load_tracking",
+        "enable_ssl_refresh",
+        "enable_tokenizer_info_endpoint",
+        "exclude_tools_when_tool_choice_none",
+        "fingerprint_mode",
+        "fingerprint_value",
+        "grpc",
+        "grpc_port",
+        "h11_max_header_count",
+        "h11_max_incomplete_event_size",
+        "headless",
+        "host",
+        "log_error_stack",
+        "lora_modules",
+        "max_log_len",
+        "middleware",
+        "port",
+        "response_role",
+        "return_tokens_as_token_ids",
+        "root_path",
+        "sse_keep_alive_interval",
+        "ssl_ca_certs",
+        "ssl_cert_reqs",
+        "ssl_certfile",
+        "ssl_ciphers",
+        "ssl_keyfile",
+        "tool_call_parser",
+        "tool_parser_plugin",
+        "tool_server",
+        "tool_strict_level",
+        "trust_request_chat_template",
+        "trust_request_mm_kwargs",
+        "uds",
+        "uvicorn_log_level",
+    }
+)
