@@ -34,6 +34,9 @@ def print_result(result: Outcome) -> None:
         err.print(f"[bold red]engine failed: {f.failure_class.value}[/] - {f.summary}")
         if f.excerpt:
             err.print(f.excerpt, markup=False, highlight=False)
+        logs = [str(p) for p in result.log_paths.values() if p.exists()]
+        if logs:
+            err.print(f"the engine's whole output: {', '.join(logs)}", markup=False, highlight=False)
     start = None if result.engine_ready_s is None else f"{result.engine_ready_s:.1f} s"
     for table in outcome_tables(result, start):
         out.print(table)

@@ -60,6 +60,9 @@ def test_scheduler_validation_is_invalid_args_with_the_specific_line():
      FailureClass.OOM),
     ("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use",
      FailureClass.PORT_IN_USE),
+    # vLLM's CPU build without VLLM_CPU_KVCACHE_SPACE on a host whose NUMA node has too little free (issue 55)
+    ("(VllmWorker-0 pid=4242) ERROR 12-01 [multiproc_executor.py:1] ValueError: Available memory on node 0 "
+     "(9.48/11.21 GiB) on startup is less than desired CPU memory utilization (0.92, 10.32 GiB).", FailureClass.OOM),
     ("vllm: error: argument --dtype: invalid choice: 'fp7'", FailureClass.INVALID_ARGS),
     ("ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (32768). This effectively limits",
      FailureClass.INVALID_ARGS),
@@ -85,3 +88,35 @@ def test_exit_codes_without_a_known_line():
     assert classify_exit(137, w).failure_class is FailureClass.OOM
     crashed = classify_exit(1, w)
     assert crashed.failure_class is FailureClass.CRASHED and "something odd" in crashed.excerpt
+
+
+def test_a_crash_no_pattern_names_says_its_root_cause_not_the_line_that_points_back_to_it():
+    """vLLM's API server ends a failed start with "Engine core initialization failed. See root cause above": the
+    failure's summary is the worker's own exception line, which the console then shows with the log's path."""
+    w = LogWatch(PATTERNS)
+    for line in ("INFO 12-01 [api_server.py:1] vLLM API server version 0.32.0",
+                 "(VllmWorker-0 pid=4242) ERROR 12-01 [multiproc_executor.py:1] Traceback (most recent call last):",
+                 "(VllmWorker-0 pid=4242) ERROR 12-01 [multiproc_executor.py:1] KeyError: 'model.layers.0.mlp'",
+                 "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"):
+        w.feed(line)
+    crashed = classify_exit(1, w)
+    assert crashed.failure_class is FailureClass.CRASHED
+    assert crashed.summary == ("exited with code 1: (VllmWorker-0 pid=4242) ERROR 12-01 [multiproc_executor.py:1] "
+                               "KeyError: 'model.layers.0.mlp'"), crashed.summary
+    quiet = LogWatch(PATTERNS)
+    quiet.feed("RuntimeError: Engine core initialization failed. See root cause above.")
+    assert classify_exit(1, quiet).summary == "exited with code 1"  # nothing but the pointer: nothing to add
+
+
+def test_the_console_names_the_engines_log_beside_its_failure(tmp_path, capsys):
+    from autotune.console import print_result
+    from autotune.engine.failures import Failure
+    from autotune.measure.session import Outcome
+
+    log = tmp_path / "engine.stdout.log"
+    log.write_text("(VllmWorker-0 pid=1) ERROR ... ValueError: boom\n")
+    print_result(Outcome("http://127.0.0.1:1", failure=Failure(FailureClass.CRASHED, "exited with code 1: boom"),
+                         log_paths={"stdout": log, "stderr": tmp_path / "never-written.log"}))
+    err = capsys.readouterr().err
+    assert "engine failed: crashed" in err and f"the engine's whole output: {log}" in err.replace("\n", ""), err
+    assert "never-written" not in err

@@ -36,6 +36,11 @@ EXCERPT_BEFORE = 12  # lines of context kept before the line that proves the cla
 EXCERPT_AFTER = 6  # and after it (a pydantic error names the field on the next lines)
 # A header that only announces the proof: a more specific line of the same class may follow.
 _HEADERS = re.compile(r"validation errors? for \w+")
+# An exception's own line, where no pattern names the class: the cause a crash shows. vLLM's engine core and its
+# workers print theirs behind "(EngineCore pid=N) ERROR" or "(VllmWorker-0 pid=N) ERROR"; its API server ends
+# with a generic line that only points back to it.
+_RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S")
+_POINTS_BACK = re.compile(r"See root cause above|Engine core initialization failed")
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,10 @@ class LogWatch:
     def tail(self, n: int = 30) -> str:
         return "\n".join(list(self.recent)[-n:])
 
+    def root_cause(self) -> str | None:
+        """The first exception line among the recent ones that is not a pointer back to another (None: none)."""
+        return next((x.strip() for x in self.recent if _RAISED.search(x) and not _POINTS_BACK.search(x)), None)
+
 
 def classify_exit(returncode: int, watch: LogWatch) -> Failure:
     """Classify an engine that exited on its own, with code ``returncode``."""
@@ -108,4 +117,6 @@ def classify_exit(returncode: int, watch: LogWatch) -> Failure:
         return Failure(
             FailureClass.OOM, "killed by SIGKILL with no traceback (host out of memory?)", watch.tail(), returncode
         )
-    return Failure(FailureClass.CRASHED, f"exited with code {returncode}", watch.tail(), returncode)
+    cause = watch.root_cause()
+    said = f"exited with code {returncode}" + (f": {cause}" if cause else "")
+    return Failure(FailureClass.CRASHED, said, watch.tail(), returncode)

@@ -21,6 +21,7 @@ _OOM: Patterns = [
         r"No available memory for the cache blocks",
         r"KV cache is needed, which is larger than the available KV cache memory",
         r"on startup is less than desired GPU memory utilization",
+        r"less than desired CPU memory utilization",  # vLLM's CPU build: the NUMA node's free memory
         r"Not enough memory|Insufficient memory for KV cache",
     )
 ]
