@@ -345,3 +345,23 @@ def test_a_pareto_study_is_a_trade_off(tmp_path):
                                 "on both output throughput and p95 TTFT: trial 1 (max_num_seqs=128) 1400 tok/s at "
                                 "250 ms; trial 0 (max_num_seqs=64) 900 tok/s at 120 ms.")
     assert 'id="history-plot"' in page
+
+
+def test_a_winner_has_one_capacity_the_verdicts_and_a_trial_alone_shows_its_bracket(tmp_path):
+    """best.yaml and best.json state the capacity the verdict states (the re-measured median, not the trial's
+    first measurement); a config the verdict never measured states its trial's bracket: the load that held and
+    the next one, which missed (issue 55: 30.87 in the files, 46.30 in the verdict)."""
+    d = study_toml(tmp_path)
+    study = build(d, typical(), runs=[(2, [3.5, 3.6, 3.7]), (0, [2.2, 2.21, 2.25])])  # trial 2 measured 3.2 once
+    result = StudyResult.of(study)
+    out = tmp_path / "files"
+    out.mkdir()
+    paths = write_verdict(result, "no/such-model", d.command.engine_kind, out)
+    assert "# autotune: best config of trial 2, capacity 3.60 req/s (median of 3 re-measurements)" in (
+        paths["config"].read_text())
+    assert json.loads(paths["json"].read_text())["capacity_rps"] == 3.6
+    assert "3.60 req/s" in first_line(report(d, tmp_path))  # the report's verdict says the same number
+    # without a verdict: the trial's own capacity, as the bracket its ladder found (3.2 held, 4.0 missed)
+    (tmp_path / "b").mkdir()
+    alone = StudyResult.of(build(study_toml(tmp_path / "b"), typical()))
+    assert alone.capacity_of(alone.trial(2)) == (3.2, "3.20 req/s (its next load, 4.00, missed)")

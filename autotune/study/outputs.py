@@ -62,10 +62,10 @@ def write_best(
     engine: EngineKind,
     out_dir: Path,
     real_env: Mapping[str, str] | None = None,
-    *,
     stem: str = "best",
     why: str | None = None,
     version: str | None = None,
+    capacity: tuple[float, str] | None = None,
 ) -> dict[str, Path]:
     """The engine's config file (vLLM: best.yaml for `vllm serve --config`; env vars as comments: YAML
     configs cannot set them), best-command.sh (exactly what was measured) and best.json, each 0600.
@@ -74,16 +74,18 @@ def write_best(
     from ``real_env`` (the study's [engine.env]), else reads them from the environment it runs in.
     ``stem`` names the files (``best``; :data:`NOT_RECOMMENDED` for a leader within the noise, whose
     ``why`` heads each file). Where the engine has an official container, ``best-docker.sh`` runs it on the
-    config file (``version``: the engine's version the study measured, the image's tag)."""
+    config file (``version``: the engine's version the study measured, the image's tag). ``capacity``: the
+    config's capacity as the study states it (StudyResult.capacity_of; default: its trial's)."""
     paths: dict[str, Path] = {}
     args = t.engine_args
     values = engine.production_values(args.values)
     env = redact(args.env)  # a record from before secrets were redacted
     what = "best config" if stem == "best" else "NOT RECOMMENDED config"
+    capacity_rps, capacity_said = capacity or (t.capacity_rps, f"{t.capacity_rps:.2f} req/s")
     if engine.config_file is not None:
         config_file = str(Path(engine.config_file).with_stem(stem))
         header = [
-            f"autotune: {what} of trial {t.number}, capacity {t.capacity_rps:.2f} req/s",
+            f"autotune: {what} of trial {t.number}, capacity {capacity_said}",
             *([why] if why else []),
             f"run: {engine.config_usage} {config_file}",
         ]
@@ -107,7 +109,7 @@ def write_best(
     comment = "".join(f"# autotune: {line}\n" for line in [*([why] if why else []), f"trial {t.number}, as measured"])
     atomic_write(paths["command"], f"#!/bin/sh\n{comment}exec {env_prefix}{shlex.join(argv)}\n")
     paths["json"] = out_dir / f"{stem}.json"
-    record = {"trial": t.number, "argv": argv, "env": env, "values": values, "capacity_rps": t.capacity_rps}
+    record = {"trial": t.number, "argv": argv, "env": env, "values": values, "capacity_rps": capacity_rps}
     atomic_write(paths["json"], json.dumps({**record, **({"not_recommended": why} if why else {})}, indent=2) + "\n")
     return paths
 
@@ -129,10 +131,11 @@ def write_verdict(
     winner = None if result.pareto else result.winner
     if winner is None:
         return {}
-    paths = write_best(winner, model, engine, out_dir, real_env, version=version)
+    of = result.capacity_of
+    paths = write_best(winner, model, engine, out_dir, real_env, version=version, capacity=of(winner))
     if (leader := result.leader) is not None and result.remeasurement is not None:
         why = f"not recommended: re-measured, {result.remeasurement.sentence()}"
-        kept = write_best(leader, model, engine, out_dir, real_env, stem=NOT_RECOMMENDED, why=why, version=version)
+        kept = write_best(leader, model, engine, out_dir, real_env, NOT_RECOMMENDED, why, version, of(leader))
         paths.update({f"{NOT_RECOMMENDED}-{k}": v for k, v in kept.items()})
     return paths
 

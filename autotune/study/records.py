@@ -181,6 +181,14 @@ class TrialRecord:
         return max(passed, key=lambda s: s.load) if passed else None
 
     @property
+    def capacity_bracket(self) -> tuple[float, float | None]:
+        """Where the trial's capacity lies, in req/s: (the highest load that held, the lowest above it that
+        missed; None: none missed, the capacity is a floor). A ladder resolves it to its step, no finer."""
+        low = self.capacity_rps
+        above = [s.rate for s in self.steps if not s.passed and s.client_kept_up and s.rate > low]
+        return low, min(above, default=None)
+
+    @property
     def failure_class(self) -> str | None:
         return self.attrs.get(Attr.FAILURE_CLASS) or None
 
@@ -422,6 +430,18 @@ class StudyResult:
             return None
         t = self.trial(self.best_number)
         return t if t.feasible and t.values and t.values[0] > 0 else None
+
+    def capacity_of(self, r: TrialRecord) -> tuple[float, str]:
+        """A config's capacity, the same wherever it is shown: (req/s, in one phrase). The verdict's re-measured
+        median where the verdict measured it, else its trial's, with the trial's bracket
+        (``TrialRecord.capacity_bracket``)."""
+        c = self.remeasurement.candidate(r.number) if self.remeasurement is not None else None
+        if c is not None:
+            floor = "at least " if c.get("at_least") else ""
+            return c["median"], f"{floor}{c['median']:.2f} req/s (median of {len(c['capacities'])} re-measurements)"
+        low, high = r.capacity_bracket
+        said = f"at least {low:.2f} req/s" if high is None else f"{low:.2f} req/s (its next load, {high:.2f}, missed)"
+        return low, said
 
     @property
     def winner(self) -> TrialRecord | None:

@@ -182,7 +182,7 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
     top = w.capacity_step
     if top is not None:
         parts.append(
-            f"<h3>SLOs at trial {w.number}'s capacity, {top.rate:.2f} req/s</h3>"
+            f"<h3>SLOs at the highest load trial {w.number} held, {top.rate:.2f} req/s</h3>"
             + _table(
                 ("SLO", "measured", "target", "verdict"),
                 [
