@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from optuna.trial import TrialState
 
-from autotune.daemon import loop
+from autotune.daemon import tuning_phase
 from autotune.daemon.config import load_daemon_config
 from autotune.daemon.loop import Daemon
 from autotune.daemon.state import DaemonState, Observation, Phase, decide
@@ -57,18 +57,18 @@ def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_b
     said = capsys.readouterr().out
     assert ("watching: tuning prod-tune-001 measured nothing (trials: 1 fail, 2 pruned): no verdict, so no cooldown; "
             "its trigger is tried again in 10 min") in said, said
-    assert st.retry_at == pytest.approx(st.since + loop.RETRY_S, abs=2)
+    assert st.retry_at == pytest.approx(st.since + tuning_phase.RETRY_S, abs=2)
 
     held = _decide(d, st.since + 60)
     assert held.trigger is None and held.waiting.endswith("the last tuning reached no verdict, tried again in 9 min")
     assert _decide(d, st.since + 60, manual="by hand").trigger == "requested: by hand"  # a person is not held
-    assert _decide(d, st.since + loop.RETRY_S + 1).trigger == "traffic drift 0.90 > 0.50"
+    assert _decide(d, st.since + tuning_phase.RETRY_S + 1).trigger == "traffic drift 0.90 > 0.50"
 
     # a second one in a row waits twice as long; one that reached a verdict ends the streak
     d.state = d.store.save(replace(d.state, phase=Phase.TUNING))
     d.tuning.finish(143)  # interrupted (the child was signalled) before anything was measured
     assert d.state.empty_tunings == 2 and d.state.last_tuning_end == 0.0
-    assert d.state.retry_at == pytest.approx(d.state.since + 2 * loop.RETRY_S, abs=2)
+    assert d.state.retry_at == pytest.approx(d.state.since + 2 * tuning_phase.RETRY_S, abs=2)
     assert "failed (exit 143); see its log" in d.state.note and "tried again in 20 min" in d.state.note
 
 

@@ -101,8 +101,8 @@ class Daemon:
         self.state = self.store.load()
         self.fingerprint: Fingerprint | None = None
         self._lock = threading.Lock()
-        self.tuning = TuningPhase(self)
         self.publishing = Publishing(self)
+        self.tuning = TuningPhase(self, self.publishing)
         self._failed_scrapes = 0  # in the current streak
         self._capacities: dict[str, float | None] = {}  # a finished tuning's measurement of production, by study
         self._settled = self._last_settled()  # the last publish or rollback the watcher's window starts after

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.daemon.fingerprint import Fingerprint
+from autotune.daemon.phase import PhaseHost
 from autotune.daemon.production import production_canary, switch_verifier
 from autotune.daemon.state import Phase
 from autotune.errors import AutotuneError
 from autotune.publish.history import Entry
 from autotune.publish.transaction import Canary, PublishLock, publish, recover, rollback
-
-if TYPE_CHECKING:
-    from autotune.daemon.loop import Daemon
 
 __all__ = ["Publishing"]
 
@@ -28,7 +26,7 @@ __all__ = ["Publishing"]
 class Publishing:
     """The publish thread and its job (None: nothing in flight), and the rollbacks by hand this daemon made."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: PhaseHost) -> None:
         self.d = daemon
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self.job: concurrent.futures.Future[Any] | None = None

@@ -12,11 +12,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from optuna.trial import TrialState
 
 from autotune.daemon.fingerprint import Fingerprint
+from autotune.daemon.phase import PhaseHost
+from autotune.daemon.publishing import Publishing
 from autotune.daemon.state import Phase, duration_text
 from autotune.daemon.tuning import (
     TuningChild,
@@ -31,9 +33,6 @@ from autotune.errors import AutotuneError
 from autotune.publish.transaction import same_config, tidy
 from autotune.study.lines import trial_line
 from autotune.study.records import StudyResult
-
-if TYPE_CHECKING:
-    from autotune.daemon.loop import Daemon
 
 __all__ = ["TuningPhase", "RETRY_S"]
 
@@ -54,8 +53,9 @@ def _demand_note(fp: Fingerprint) -> str:
 class TuningPhase:
     """The daemon's tuning, if one runs: its child process, and what its verdict means for production."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: PhaseHost, publishing: Publishing) -> None:
         self.d = daemon
+        self.publishing = publishing  # where a winner is published, and a rollback by hand during a tuning runs
         self.child: TuningChild | None = None
 
     def start(self, trigger: str, fp: Fingerprint) -> None:
@@ -130,7 +130,7 @@ class TuningPhase:
         self.child = TuningChild(self.d.autotune, Path(st.study_file), log).start()
 
     def step(self) -> None:
-        pub = self.d.publishing
+        pub = self.publishing
         if pub.job is not None:  # paused: a rollback by hand holds the idle GPUs
             if not pub.job.done():
                 return
@@ -246,7 +246,7 @@ class TuningPhase:
             )
             return
         self.d.decided(Phase.PUBLISHING, note=f"publishing trial {winner.number} of {st.study_name}: {why}", **done)
-        self.d.publishing.submit(values, source)
+        self.publishing.submit(values, source)
 
     def result(self, name: str) -> StudyResult | None:
         try:
@@ -293,11 +293,11 @@ class TuningPhase:
         self.d.note(f"tuning {self.d.state.study_name} paused: a rollback by hand to entry {to} needs the idle GPUs")
         self.stop()
         self.child = None
-        self.d.publishing.start_rollback(to)
+        self.publishing.start_rollback(to)
 
     def _rollback_done(self) -> None:
         try:
-            entry = self.d.publishing.rollback_result()
+            entry = self.publishing.rollback_result()
             done = (
                 f"production is back on entry {entry.source['rollback_to']} (entry {entry.number})"
                 if entry is not None

@@ -1,0 +1,44 @@
+"""What the daemon's phases (tuning_phase.py, publishing.py) need of the daemon that runs them.
+
+The loop (loop.py) is the one implementation; a phase changes the daemon's state only through ``enter``
+(a phase change), ``decided`` (a phase change that is a decision, kept for ``autotune status``), ``note``
+and ``keep`` (the same phase, a new note or fields), each saved and journaled by the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.daemon.config import DaemonConfig
+from autotune.daemon.exporter import DaemonMetrics
+from autotune.daemon.fingerprint import Fingerprint
+from autotune.daemon.state import DaemonState, Phase, StateStore
+from autotune.publish.history import Entry, History
+from autotune.publish.target import Target
+from autotune.study.definition import StudyDefinition
+
+__all__ = ["PhaseHost"]
+
+
+class PhaseHost(Protocol):
+    cfg: DaemonConfig
+    root: Path  # the daemon's state directory
+    store: StateStore
+    history: History
+    target: Target
+    metrics: DaemonMetrics
+    state: DaemonState
+    fingerprint: Fingerprint | None  # the traffic of the last full window (None: none since the last publish)
+    study: StudyDefinition  # the staging study, the template of every tuning
+    autotune: list[str]  # how to run `autotune` (the tuning's child process)
+
+    def enter(self, phase: Phase, **changes: Any) -> None: ...
+
+    def decided(self, phase: Phase, note: str, **changes: Any) -> None: ...
+
+    def note(self, text: str, **changes: Any) -> None: ...
+
+    def keep(self, **changes: Any) -> None: ...
+
+    def history_metrics(self, entries: list[Entry] | None = None) -> None: ...
