@@ -44,6 +44,7 @@ from autotune.daemon.arrivals import ArrivalLog
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.fingerprint import Fingerprint, drift
+from autotune.daemon.phase import say
 from autotune.daemon.production import build_target, daemon_root
 from autotune.daemon.publishing import Publishing
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
@@ -65,10 +66,6 @@ FULL_WINDOW = 0.98  # of window_s: a window is judged once it spans that much (t
 def _shape(note: str) -> str:
     """A note without its numbers: what stays the same while a wait counts down."""
     return re.sub(r"\d+(\.\d+)?", "#", note)
-
-
-def _say(text: str) -> None:
-    print(f"autotune: {text}", file=sys.stderr, flush=True)
 
 
 class Daemon:
@@ -149,7 +146,7 @@ class Daemon:
             new = load_daemon_config(path)
             study = load_staging(new.staging_study, self.root)
         except AutotuneError as e:
-            _say(f"reload: {path} not applied, the running config stays: {e}")
+            say(f"reload: {path} not applied, the running config stays: {e}")
             return
         held = [
             name
@@ -177,7 +174,7 @@ class Daemon:
             self.watcher.restart_window()
         self.cfg, self.study = new, study
         self.watcher.window_s = new.window_s
-        _say(f"reloaded {path}" + (f"; {', '.join(held)} changed and take a restart" if held else ""))
+        say(f"reloaded {path}" + (f"; {', '.join(held)} changed and take a restart" if held else ""))
 
     def tick(self) -> None:
         notify.watchdog()
@@ -311,7 +308,7 @@ class Daemon:
             self.metrics.scrape_errors.inc()
             self._failed_scrapes = w.consecutive_errors
             if w.consecutive_errors == 1:
-                _say(
+                say(
                     f"cannot scrape production ({where}): {w.last_error}{self._serving_engine_down()}; retrying "
                     f"every {self.cfg.scrape_interval_s:g} s, quiet until it works again"
                 )
@@ -320,7 +317,7 @@ class Daemon:
                 self.keep(scrape_error=error, scrape_error_at=time.time(), scrape_failing=True)
         elif self.state.scrape_failing:
             n, self._failed_scrapes = self._failed_scrapes, 0
-            _say(f"scraping production works again ({where})" + (f" after {n} failed scrapes" if n else ""))
+            say(f"scraping production works again ({where})" + (f" after {n} failed scrapes" if n else ""))
             self.keep(scrape_failing=False)
 
     def _serving_engine_down(self) -> str:

@@ -7,6 +7,7 @@ and ``keep`` (the same phase, a new note or fields), each saved and journaled by
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,7 +19,12 @@ from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.study.definition import StudyDefinition
 
-__all__ = ["PhaseHost"]
+__all__ = ["PhaseHost", "say"]
+
+
+def say(text: str) -> None:
+    """A line for the journal's error stream (stderr under systemd): what an operator must see, once."""
+    print(f"autotune: {text}", file=sys.stderr, flush=True)
 
 
 class PhaseHost(Protocol):

@@ -9,7 +9,6 @@ resumes from its storage. Each finished trial gets one journal line, read from t
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.daemon.fingerprint import Fingerprint
-from autotune.daemon.phase import PhaseHost
+from autotune.daemon.phase import PhaseHost, say
 from autotune.daemon.publishing import Publishing
 from autotune.daemon.state import Phase, duration_text
 from autotune.daemon.tuning import (
@@ -37,10 +36,6 @@ from autotune.study.records import StudyResult
 __all__ = ["TuningPhase", "RETRY_S"]
 
 RETRY_S = 600.0  # a tuning that reached no verdict: its trigger waits this long (doubling) before the next try
-
-
-def _say(text: str) -> None:
-    print(f"autotune: {text}", file=sys.stderr, flush=True)
 
 
 def _demand_note(fp: Fingerprint) -> str:
@@ -141,7 +136,7 @@ class TuningPhase:
         if self.child is None:
             # the daemon restarted mid-tuning (or a pause ended): the study resumes from its storage
             told = len(self.d.state.trials_told)
-            _say(f"resuming tuning {self.d.state.study_name} ({told} trial{'s' if told != 1 else ''} finished before)")
+            say(f"resuming tuning {self.d.state.study_name} ({told} trial{'s' if told != 1 else ''} finished before)")
             self.spawn()
             return
         self._update_trials()
