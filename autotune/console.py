@@ -81,19 +81,21 @@ class Progress:
     reference: TrialRecord | None
     engine_s: float  # engine time spent on the trials so far (GPU time: times the trial's GPUs)
     gpu: bool
+    remeasure_runs: int = 0  # the runs the re-measurement after the last trial will make (each a fresh engine)
 
     @classmethod
-    def of(cls, result: StudyResult, budget: int | None, gpu: bool) -> Progress:
+    def of(cls, result: StudyResult, budget: int | None, gpu: bool, remeasure_runs: int = 0) -> Progress:
         finished = [r for r in result.records if r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         spent = sum(r.gpu_s if gpu else r.wall_s for r in result.records)
-        return cls(len(finished), budget, result.best, result.best_baseline, spent, gpu)
+        return cls(len(finished), budget, result.best, result.best_baseline, spent, gpu, remeasure_runs)
 
     @property
     def left_s(self) -> float | None:
-        """Trials left times the mean so far (None: nothing to go on, or no trial budget)."""
+        """Trials left and the re-measurement's runs, each at the mean trial so far (None: nothing to go on, or no
+        trial budget). A re-measurement run is a trial's work again: an engine start and a ladder of loads."""
         if self.budget is None or self.done == 0:
             return None
-        return max(self.budget - self.done, 0) * self.engine_s / self.done
+        return (max(self.budget - self.done, 0) + self.remeasure_runs) * self.engine_s / self.done
 
     def text(self) -> str:
         of = f"/{self.budget}" if self.budget else ""
@@ -103,7 +105,10 @@ class Progress:
             gain = "" if same_trial(self.best, self.reference) else gain_text(self.best, self.reference)
             best += gain + ")"
         spent = f"{'GPU' if self.gpu else 'engine'} time {elapsed_text(self.engine_s)}"
-        left = f", about {elapsed_text(self.left_s)} left" if self.left_s is not None else ""
+        left = ""
+        if self.left_s is not None:
+            runs = f" with the re-measurement's {self.remeasure_runs} runs" if self.remeasure_runs else ""
+            left = f", about {elapsed_text(self.left_s)} left{runs}"
         return f"{self.done}{of} trials; best {best}; {spent}{left}"
 
 
@@ -118,9 +123,17 @@ class StudyView:
     """
 
     def __init__(
-        self, name: str, budget: int | None, log_file: Path, *, gpu: bool = True, json_lines: bool = False
+        self,
+        name: str,
+        budget: int | None,
+        log_file: Path,
+        *,
+        gpu: bool = True,
+        json_lines: bool = False,
+        remeasure_runs: int = 0,
     ) -> None:
         self.name, self.budget, self.gpu, self.json_lines = name, budget, gpu, json_lines
+        self.remeasure_runs = remeasure_runs  # what the re-measurement will run after the trials (Progress)
         self.log_file = log_file
         self.phase = "starting"
         self.progress = Progress(0, budget, None, None, 0.0, gpu)
@@ -162,7 +175,7 @@ class StudyView:
         import time
 
         reference = result.best_baseline
-        self.progress = Progress.of(result, self.budget, self.gpu)
+        self.progress = Progress.of(result, self.budget, self.gpu, self.remeasure_runs)
         line = trial_line(record, reference)
         self._logging.log(line)
         if self.json_lines:

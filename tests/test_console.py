@@ -64,3 +64,7 @@ def test_the_footer_counts_finished_trials_and_extrapolates_what_is_left():
     assert (p.done, p.engine_s) == (2, 125.0 + 2 * 35.0)  # the pruned trial held two GPUs
     assert p.left_s == 4 * p.engine_s / 2
     assert p.text() == "2/6 trials; best 4.00 req/s (trial 0); GPU time 3m15s, about 6m30s left"
+    # the re-measurement after the last trial is time left too: 6/6 trials is not "0s left" (issue 55)
+    ahead = Progress.of(result, budget=2, gpu=True, remeasure_runs=3)
+    assert ahead.left_s == 3 * ahead.engine_s / 2
+    assert ahead.text().endswith("about 4m52s left with the re-measurement's 3 runs"), ahead.text()

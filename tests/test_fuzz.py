@@ -55,7 +55,7 @@ def run(argv: list[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:
-            code = main(argv)
+            code = main(argv, measure_engine=_engine, measure_url=_replay)
         except SystemExit as e:  # argparse: --help, --version, usage errors
             code = e.code if isinstance(e.code, int) else 2
         except Reached:
@@ -73,6 +73,17 @@ def run(argv: list[str]) -> None:
         assert len(lines) == 1 and lines[0].startswith("autotune: "), f"{argv}: {err.getvalue()!r}"
 
 
+def _engine(command, checked, workload_at, *rest, **kw):
+    """Where ``bench`` would start its engine (main's measure_engine), its args checked by then (cmd_bench)."""
+    workload_at(1.0)
+    raise Reached
+
+
+def _replay(*a, **kw):
+    """Where ``replay`` would start sending (main's measure_url)."""
+    raise Reached
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _count():
     yield
@@ -84,19 +95,10 @@ def _count():
 def _stubs(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("AUTOTUNE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 
-    def engine(command, checked, workload_at, *rest, **kw):  # the args were checked before (cmd_bench)
-        workload_at(1.0)
-        raise Reached
-
-    def replay(*a, **kw):
-        raise Reached
-
     from autotune.workload import capture
 
     stopped = threading.Event()
     stopped.set()  # the proxy binds, opens its trace and stops at once
-    monkeypatch.setattr("autotune.measure.session.measure_engine", engine)
-    monkeypatch.setattr("autotune.measure.session.measure_url", replay)
     monkeypatch.setattr(capture, "run_capture", functools.partial(capture.run_capture, stop_event=stopped))
 
 

@@ -14,8 +14,9 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.boundary import input_errors, one_line
@@ -219,13 +220,13 @@ def _finish(result, a: argparse.Namespace) -> int:
     return EXIT_OK if result.slos_hold else EXIT_SLO_MISS
 
 
-def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
+def cmd_bench(a: argparse.Namespace, engine_args: list[str], measure_engine: Callable[..., Any] | None = None) -> int:
     from autotune.engine.args import EngineArgs
     from autotune.engine.command import EngineCommand
     from autotune.engine.launcher import stop_on_signals
     from autotune.engine.model import locate
+    from autotune.measure import session
     from autotune.measure.profiles import FixedLoad
-    from autotune.measure.session import measure_engine
     from autotune.measure.slo import parse_slos
     from autotune.workload.options import WorkloadOptions
 
@@ -254,7 +255,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     try:
         with _progress() as progress:
             task = progress.add_task("starting engine", total=len(workload))
-            result = measure_engine(
+            result = (measure_engine or session.measure_engine)(
                 command,
                 checked,
                 lambda _: workload,
@@ -271,8 +272,8 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str]) -> int:
     return _finish(result, a)
 
 
-def cmd_replay(a: argparse.Namespace) -> int:
-    from autotune.measure.session import measure_url
+def cmd_replay(a: argparse.Namespace, measure_url: Callable[..., Any] | None = None) -> int:
+    from autotune.measure import session
     from autotune.measure.slo import parse_slos
     from autotune.workload.options import WorkloadOptions
 
@@ -281,7 +282,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     workload = _load_workload(options.spec(options.tokenizer))
     with _progress() as progress:
         task = progress.add_task("replaying", total=len(workload))
-        result = measure_url(
+        result = (measure_url or session.measure_url)(
             a.url.rstrip("/"),
             lambda _: workload,
             slos,
@@ -307,7 +308,14 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    measure_engine: Callable[..., Any] | None = None,
+    measure_url: Callable[..., Any] | None = None,
+) -> int:
+    """Run one command; its exit status. ``measure_engine`` and ``measure_url`` stand in for measure/session.py's
+    (``bench``, ``replay``), as httpx takes a transport: a test that must start nothing passes its own."""
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, engine_args = _split_engine_args(argv)
     parser = build_parser()
@@ -321,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with input_errors():  # what a library raises because of the input: a ConfigError (boundary.py)
             if a.command == "bench":
-                return cmd_bench(a, engine_args)
+                return cmd_bench(a, engine_args, measure_engine)
             from autotune.cli import calibrate, daemon, study
 
             handler = {
@@ -340,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             }.get(a.command)
             if handler is not None:
                 return handler(a)
-            return cmd_replay(a)
+            return cmd_replay(a, measure_url)
     except AutotuneError as e:  # ConfigError: exit 2; anything else we raise on purpose: exit 1
         print(f"autotune: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code

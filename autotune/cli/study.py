@@ -255,9 +255,17 @@ def cmd_study(a: argparse.Namespace) -> int:
         return _dry_run(d, table, a.dry_run)
     steps = LoadSteps(d.workload, d.objective.step_seconds)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does; the study stays resumable
+    # the top candidates and the best baseline, each run again (at most: fewer candidates may have held the SLOs)
+    remeasured = d.objective.scoring().remeasured and not a.no_remeasure
+    runs = (d.remeasure_top + 1) * d.remeasure_repeats if remeasured else 0
     # the view first: it routes Optuna's log lines (the study's creation included) into the study's log
     with StudyView(
-        d.name, d.budget.trials, d.run_dir / "study.log", gpu=d.platform == "cuda", json_lines=a.json_lines
+        d.name,
+        d.budget.trials,
+        d.run_dir / "study.log",
+        gpu=d.platform == "cuda",
+        json_lines=a.json_lines,
+        remeasure_runs=runs,
     ) as view:
         study = open_study(d)
         advisor, why_not = study_advisor(d, steps)
