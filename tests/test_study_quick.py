@@ -72,6 +72,21 @@ def test_init_writes_an_annotated_study_that_loads(tmp_path, tiny_model):
     assert again.returncode == 2 and "exists: give another --out, or --force" in again.stderr
 
 
+def test_the_next_command_it_prints_runs_as_typed_where_autotune_is_not_on_the_path(tmp_path, tiny_model):
+    """After the quickstart, `autotune` is .venv/bin/autotune, not on the PATH: the command a run prints next names
+    the program as it was run, so it runs as typed (issue 55); on the PATH, it is plain `autotune`."""
+    program = Path(sys.executable).parent / "autotune"
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "AUTOTUNE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run([str(program), "init", *request(tiny_model, 8123), "--out", "s.toml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"wrote s.toml; run it with: {program} study s.toml"
+    on_path = subprocess.run([str(program), "init", *request(tiny_model, 8123), "--out", "t.toml"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120,
+                             env={**env, "PATH": f"{program.parent}:/usr/bin:/bin"})
+    assert on_path.stdout.strip() == "wrote t.toml; run it with: autotune study t.toml", on_path.stderr
+
+
 def test_without_a_gpu_init_says_it_tunes_the_cpu_backend_and_how_to_name_a_gpu(tmp_path, tiny_model):
     """This host has no NVIDIA GPU: with real vLLM (not the sim) the study is a CPU study, and it says so."""
     r = autotune(tmp_path, "init", "--model", str(tiny_model), "--slo", "ttft<1s", "--rate", "2", "--out", "s.toml")

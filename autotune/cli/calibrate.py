@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.cli.conventions import EXIT_OK
+from autotune.cli.conventions import EXIT_OK, invoked
 from autotune.errors import ConfigError
 
 __all__ = ["add_parser", "cmd_calibrate"]
@@ -63,7 +63,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         n = len({s.trial for s in measured_steps(study.get_trials(deepcopy=False), only)})
         raise ConfigError(
             f"study {d.name} has {n} cleanly measured trial(s) to fit on; calibrating needs "
-            f"{MIN_TRIALS} at least: run more trials (autotune study {a.file}), with "
+            f"{MIN_TRIALS} at least: run more trials ({invoked()} study {a.file}), with "
             "[objective] cut_lost_steps = false where the study is meant for calibrating (a step "
             "stopped once it could not pass is left out of a fit)"
         )

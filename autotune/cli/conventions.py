@@ -25,6 +25,7 @@ __all__ = [
     "trial_count",
     "default_engine_command",
     "stopped",
+    "invoked",
 ]
 
 EXIT_OK, EXIT_SLO_MISS, EXIT_USAGE = 0, 1, 2
@@ -33,6 +34,19 @@ SLO_HELP = (
     "an SLO, repeatable; quote it (the shell reads < as a redirection): 'ttft<800ms' (p95 unless a "
     "percentile is given), 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'throughput>2000tok/s', 'rps>5'"
 )
+
+
+def invoked() -> str:
+    """``autotune`` as the user can type it again from where they stand, for the next commands a command prints:
+    the path they ran (``.venv/bin/autotune``) when ``autotune`` on the PATH is not that program, else
+    ``autotune``."""
+    ran = Path(sys.argv[0])
+    if ran.name != "autotune" or ran.parent == Path():  # `python -m autotune`, a test, or the PATH's own
+        return "autotune"
+    on_path = shutil.which("autotune")
+    if on_path is not None and Path(on_path).resolve() == ran.resolve():
+        return "autotune"
+    return str(ran)
 
 
 class Parser(argparse.ArgumentParser):

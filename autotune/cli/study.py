@@ -14,6 +14,7 @@ from autotune.cli.conventions import (
     EXIT_SLO_MISS,
     SLO_HELP,
     default_engine_command,
+    invoked,
     port,
     stopped,
     trial_count,
@@ -187,7 +188,7 @@ def cmd_init(a: argparse.Namespace) -> int:
     if out.exists() and not a.force:
         raise ConfigError(f"{out} exists: give another --out, or --force to overwrite it")
     atomic_write(out, text)
-    print(f"wrote {out}; run it with: autotune study {out}")
+    print(f"wrote {out}; run it with: {invoked()} study {out}")
     return EXIT_OK
 
 
@@ -201,7 +202,7 @@ def _file_free_study(a: argparse.Namespace):
     if path.is_file() and path.read_text(encoding="utf-8") != text:
         raise ConfigError(
             f"{path} holds another study named {name} (other flags): resume it with "
-            f"`autotune study {path}`, or name this one with --study-name"
+            f"`{invoked()} study {path}`, or name this one with --study-name"
         )
     fresh = not path.is_file()
     atomic_write(path, text)
@@ -212,7 +213,7 @@ def _file_free_study(a: argparse.Namespace):
             path.unlink()
         raise
     said = "wrote" if fresh else "resuming"
-    print(f"autotune: {said} {path}; edit it, or rerun and resume with: autotune study {path}", file=sys.stderr)
+    print(f"autotune: {said} {path}; edit it, or rerun and resume with: {invoked()} study {path}", file=sys.stderr)
     return path, d
 
 
@@ -300,7 +301,7 @@ def cmd_study(a: argparse.Namespace) -> int:
     if result.pareto:
         return EXIT_OK if result.front else EXIT_SLO_MISS
     if winner is None:
-        print(f"autotune: no trial met every SLO; see why: autotune report {a.file}", file=sys.stderr)
+        print(f"autotune: no trial met every SLO; see why: {invoked()} report {a.file}", file=sys.stderr)
         return EXIT_SLO_MISS
     if not a.json_lines:
         _print_files(paths, kind, leader, a.file)
@@ -349,7 +350,8 @@ def _print_files(paths: dict[str, Path], kind, leader, file: Path) -> None:
             f"not recommended (it led within the noise): trial {leader.number}, kept as "
             f"{paths[f'{NOT_RECOMMENDED}-json'].with_suffix('.*')}"
         )
-    print(f"the whole story: autotune report {file}  (or autotune dashboard {file})")
+    me = invoked()
+    print(f"the whole story: {me} report {file}  (or {me} dashboard {file})")
 
 
 def _result_event(result, winner, paths: dict[str, Path]) -> dict:
@@ -401,11 +403,13 @@ def require_study(d, file: Path) -> None:
     if d.storage.startswith("sqlite:///"):
         path = Path(d.storage.removeprefix("sqlite:///").partition("?")[0])
         if not path.is_file():
-            raise ConfigError(f"no study database at {path}: run `autotune study {file}` first, or give --storage")
+            raise ConfigError(f"no study database at {path}: run `{invoked()} study {file}` first, or give --storage")
     names = sorted(optuna.get_all_study_names(d.storage))
     if d.name not in names:
         held = (
-            f"it holds {', '.join(names)} (--study-name picks one)" if names else f"run `autotune study {file}` first"
+            f"it holds {', '.join(names)} (--study-name picks one)"
+            if names
+            else f"run `{invoked()} study {file}` first"
         )
         raise ConfigError(f"no study {d.name!r} in {d.storage}; {held}")
 
