@@ -56,8 +56,12 @@ def autotune(cwd, *args, timeout=300):
 def test_init_writes_an_annotated_study_that_loads(tmp_path, tiny_model):
     r = autotune(tmp_path, "init", *request(tiny_model, 8123, "--trials", "7"))
     assert r.returncode == 0, r.stderr
-    path = tmp_path / "Llama-3.1-8B-Instruct-chat.toml"
-    assert r.stdout.strip() == f"wrote {path.name}; run it with: autotune study {path.name}"
+    # where the README says, and where `autotune study` with the same flags finds it and resumes
+    written = "runs/Llama-3.1-8B-Instruct-chat/study.toml"
+    path = tmp_path / written
+    assert r.stdout.strip() == f"wrote {written}; run it with: autotune study {written}"
+    assert path.read_text().startswith(f"# autotune study Llama-3.1-8B-Instruct-chat. Run (or resume) it:  "
+                                       f"autotune study {path.resolve()}\n")  # the file it names is itself
     d = load_study(path)
     assert d.name == "Llama-3.1-8B-Instruct-chat" and [s.text for s in d.slos] == ["p95:ttft<800ms", "p95:tpot<60ms"]
     assert d.platform == "cuda" and d.gpus[0].name == "NVIDIA H100 80GB HBM3"  # from vllm-sim's --gpu

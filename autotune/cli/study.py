@@ -92,7 +92,7 @@ def add_parsers(sub) -> None:
         "default spelled out with a comment, to edit before running it.",
     )
     _add_request(it, for_init=True)
-    it.add_argument("--out", type=Path, help="file to write (default: <name>.toml here)")
+    it.add_argument("--out", type=Path, help="file to write (default: runs/<name>/study.toml, as without a file)")
     it.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
     for name, text in (
@@ -157,11 +157,12 @@ def _platform(command: str):
     return Platform("cuda" if seen else "cpu", tuple(seen), declared=False)
 
 
-def _render(a: argparse.Namespace) -> tuple[str, str]:
-    """(name, the study file's text) for the flags given, every flag checked before anything is written."""
+def _render(a: argparse.Namespace, out: Path | None = None) -> tuple[str, Path, str]:
+    """(name, where the file goes: ``out`` or runs/<name>/study.toml, the study file's text) for the flags given,
+    every flag checked before anything is written."""
     from autotune.engine.command import EngineCommand
     from autotune.engine.kind import kind_for_command
-    from autotune.study.starter import check_request, render_study, study_name
+    from autotune.study.starter import check_request, default_path, render_study, study_name
 
     req = _request(a)
     check_request(req)
@@ -175,18 +176,19 @@ def _render(a: argparse.Namespace) -> tuple[str, str]:
             "tune for a GPU this host cannot see, add [engine.gpu] (name, memory, count) to the study file",
             file=sys.stderr,
         )
-    return study_name(req), render_study(req, platform, space, kind.tokenizer_arg)
+    path = out or default_path(req)
+    return study_name(req), path, render_study(req, platform, space, kind.tokenizer_arg, path)
 
 
 def cmd_init(a: argparse.Namespace) -> int:
     from autotune.locations import atomic_write
     from autotune.study.starter import validated
 
-    name, text = _render(a)
+    _, out, text = _render(a, a.out)
     text = validated(text)
-    out = a.out or Path(f"{name}.toml")
     if out.exists() and not a.force:
         raise ConfigError(f"{out} exists: give another --out, or --force to overwrite it")
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, text)
     print(f"wrote {out}; run it with: {invoked()} study {out}")
     return EXIT_OK
@@ -197,8 +199,7 @@ def _file_free_study(a: argparse.Namespace):
     study it holds, loaded once)."""
     from autotune.locations import atomic_write
 
-    name, text = _render(a)
-    path = Path("runs") / name / "study.toml"
+    name, path, text = _render(a)
     if path.is_file() and path.read_text(encoding="utf-8") != text:
         raise ConfigError(
             f"{path} holds another study named {name} (other flags): resume it with "

@@ -21,7 +21,7 @@ from autotune.engine.model import locate
 from autotune.errors import ConfigError
 from autotune.measure.slo import SLO
 
-__all__ = ["StudyRequest", "Platform", "check_request", "render_study", "study_name", "validated"]
+__all__ = ["StudyRequest", "Platform", "check_request", "default_path", "render_study", "study_name", "validated"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ def study_name(req: StudyRequest) -> str:
     traffic = req.workload.stem if req.workload is not None else (req.scenario or "chat")
     raw = f"{Path(req.model.rstrip('/')).name}-{traffic}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.") or "study"
+
+
+def default_path(req: StudyRequest) -> Path:
+    """Where a study from flags lives: ``runs/<name>/study.toml`` (what `autotune study --model ...` writes and
+    resumes, and `autotune init` writes unless told otherwise)."""
+    return req.runs_dir / study_name(req) / "study.toml"
 
 
 def check_request(req: StudyRequest) -> None:
@@ -124,7 +130,11 @@ def _workload_lines(req: StudyRequest) -> list[str]:
 
 
 def render_study(
-    req: StudyRequest, platform: Platform, default_space: dict[str, dict[str, Any]], tokenizer_arg: str | None
+    req: StudyRequest,
+    platform: Platform,
+    default_space: dict[str, dict[str, Any]],
+    tokenizer_arg: str | None,
+    path: Path | None = None,
 ) -> str:
     """The study file, every line a person may want to change commented.
 
@@ -137,7 +147,7 @@ def render_study(
     command = EngineCommand.parse_command(req.engine_command)  # a bad command line fails here, not at trial 0
     slos = ", ".join(_toml_value(s.text) for s in req.slos)
     out = [
-        f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(req.runs_dir)}/{name}/study.toml",
+        f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(path or default_path(req))}",
         "# Edit anything below; 'Writing a study' in autotune's docs/study-file.md documents every key.",
         f"name = {_toml_value(name)}",
         "# p95 unless a percentile is given: 'p99:ttft<1s', 'mean:tpot<50ms', 'itl<...', 'e2e<...', 'rps>5'",
