@@ -122,3 +122,18 @@ def test_more_errors_say_what_to_do():
         parse_slo("p101:ttft<1s")
     with pytest.raises(SLOSyntaxError, match=r"rps takes req/s, /s \(or none\)"):
         parse_slo("rps>5tok/s")
+
+
+@pytest.mark.parametrize("typed,advised", [
+    ("ttft", "ttft<800ms"),  # the shell ate '<800ms'
+    ("ttft800ms", "ttft<800ms"),  # only the '<' went missing: the target given is kept
+    ("p99:tpot50ms", "p99:tpot<50ms"),
+    ("rps5", "rps>5"),  # a rate is a floor
+    ("latency2s", "latency<2s"),
+])
+def test_an_slo_without_its_comparison_is_told_one_that_parses(typed, advised):
+    """The advice of the error, followed, works (issue 55: 'ttft800ms' was told --slo 'ttft800ms<800ms')."""
+    with pytest.raises(SLOSyntaxError) as e:
+        parse_slo(typed)
+    assert f"--slo '{advised}'" in str(e.value), e.value
+    parse_slo(advised)  # and it parses

@@ -104,6 +104,9 @@ def test_without_a_gpu_init_says_it_tunes_the_cpu_backend_and_how_to_name_a_gpu(
 @pytest.mark.parametrize("args,needle", [
     (["--model", "no/such-model", "--slo", "ttft<1s", "--rate", "2"],
      "not a local directory, and not in the Hugging Face cache"),
+    # a path that is not there: no download can help, and the line does not offer one (issue 55)
+    (["--model", "/nonexistent/model-dir", "--slo", "ttft<1s", "--rate", "2"],
+     "no such directory (and not a Hugging Face id: org/name): give --model the directory the model was downloaded to"),
     (["--model", "{tiny}", "--rate", "2"], "give the latency promise to tune for: --slo"),
     (["--model", "{tiny}", "--slo", "ttft<1s"], "say what traffic to tune for: --workload"),
     (["--model", "{tiny}", "--slo", "ttft<<1s", "--rate", "2"], "ttft<<1s"),

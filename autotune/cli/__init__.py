@@ -248,7 +248,7 @@ def cmd_bench(a: argparse.Namespace, engine_args: list[str], measure_engine: Cal
     spec = options.spec(
         options.tokenizer or files.tokenizer,
         no_tokenizer=f"{files.found}: pass --tokenizer DIR (a directory with tokenizer.json), or "
-        f"put the model's config and tokenizer there with `{files.fetch_command()}`",
+        f"{files.fetch_advice()}",
     )
     workload = _load_workload(spec)
     stop_on_signals()  # SIGTERM and SIGHUP stop the engine as Ctrl-C does

@@ -44,6 +44,17 @@ class ModelFiles:
             return self.directory
         return None
 
+    @property
+    def on_hub(self) -> bool:
+        """The name can be a Hugging Face id (org/name), so downloading can help; a path that is not there cannot."""
+        return not self.name.startswith((".", "/", "~")) and _REPO_ID.fullmatch(self.name) is not None
+
+    def fetch_advice(self) -> str:
+        """What puts the model's config and tokenizer where vLLM finds it, in words that work when followed."""
+        if self.on_hub:
+            return f"put its config and tokenizer in the Hugging Face cache with `{self.fetch_command()}`"
+        return "give the directory the model was downloaded to"
+
     def fetch_command(self) -> str:
         """The command that puts the small files in the Hugging Face cache (huggingface_hub's own CLI)."""
         return f"hf download {self.name} {' '.join(SMALL_FILES)}"

@@ -5,6 +5,7 @@
     tpot<50ms  itl<...  e2e<...
     throughput>2000tok/s  output tokens per second over the run
     rps>5                 completed requests per second; goodput>4 counts only requests meeting every SLO
+    latency, e2el         other names of e2e (vllm bench serve's), as tput is of throughput and qps of rps
 
 Latency targets are stored in seconds. A request "meets" the latency SLOs when its own
 TTFT, TPOT and E2E are under every target (ITL: the request's own percentile of its gaps),
@@ -150,9 +151,16 @@ def _parse_stat(stat: str | None, raw: str) -> float | None:
 
 def _explain_no_match(raw: str) -> NoReturn:
     if not re.search(r"[<>]", raw):
-        name = raw.split(":")[-1].strip()
+        # 'ttft' (the shell ate '<800ms') or 'ttft800ms' (the '<' alone went missing): the metric, and its target
+        # where one was given, with the comparison its kind takes (latencies below, rates above)
+        stat, _, last = raw.rpartition(":")
+        said = re.fullmatch(r"(?P<name>[A-Za-z_]+?)\s*(?P<target>\d[\d.]*\s*[a-zµ/]*)?", last.strip())
+        name = said["name"] if said else last.strip()
+        rate = _ALIASES.get(name.lower(), name.lower()) in RATE_METRICS
+        target = said["target"] if said and said["target"] else ("5" if rate else "800ms")
+        fixed = f"{stat + ':' if stat and not rate else ''}{name}{'>' if rate else '<'}{target}"
         raise SLOSyntaxError(
-            f"SLO {raw!r} has no comparison; quote it: --slo '{name}<800ms' "
+            f"SLO {raw!r} has no comparison; quote it: --slo '{fixed}' "
             "(unquoted, the shell reads < as a redirection and drops the rest)"
         )
     if re.search(r"[<>]\s*$", raw):

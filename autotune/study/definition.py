@@ -357,7 +357,7 @@ def _no_tokenizer(model: str, revision: str | None, where: str) -> str:
     key = f"set [workload].tokenizer = DIR (a directory with tokenizer.json) in {where}"
     if files.directory is not None:
         return f"{files.directory} holds no tokenizer.json: {key}"
-    return f"{files.found}: put its config and tokenizer there with `{files.fetch_command()}`, or {key}"
+    return f"{files.found}: {files.fetch_advice()}, or {key}"
 
 
 def _gpus(t: Table) -> tuple[GpuInfo, ...]:

@@ -88,6 +88,8 @@ def check_request(req: StudyRequest) -> None:
         raise ConfigError(f"--tokenizer {req.tokenizer}: no such file or directory")
     if req.tokenizer is None and req.workload is None:  # a synthetic workload's prompts are built with it
         files = locate(req.model)
+        if files.tokenizer is None and files.directory is None and not files.on_hub:
+            raise ConfigError(f"{files.found}: give --model the directory the model was downloaded to")
         if files.tokenizer is None:
             where = f"{files.directory} holds no tokenizer.json" if files.directory is not None else files.found
             raise ConfigError(
