@@ -206,6 +206,13 @@ def test_a_model_the_simulator_cannot_express_is_refused_by_name(tmp_path, extra
                                      "on the GPU (autotune bench)"]
 
 
+def test_a_model_it_cannot_find_is_a_usage_error_of_one_line(capsys):
+    """predict says so as every bad input is said, exit 2 (serve keeps vLLM's OSError and exit 1: it plays vLLM)."""
+    assert cli.main(["predict", "llama-9b", "--scenario", "chat", "--rate", "2"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("vllm-sim predict: error: model 'llama-9b': not a directory with config.json"), line
+
+
 def test_a_profile_of_datasheet_figures_says_so(capsys):
     assert cli.main(["--gpu", "l4-24gb", "predict", "llama-3.1-8b", "--max-model-len", "8192", "--scenario", "chat",
                      "--rate", "1", "--requests", "4"]) == 0

@@ -363,14 +363,18 @@ def _sim_keys() -> set[str]:
     return own | PREDICT_OUTPUTS | (WorkloadOptions.names() - SHARED_WITH_VLLM)
 
 
-def _engine(ns: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], Any] | None:
-    """(shape, GPU, the vLLM flags given, SimConfig); None, after vLLM's message, for a model it cannot find."""
+def _engine(ns: argparse.Namespace, *, serving: bool = True) -> tuple[Any, Any, dict[str, Any], Any] | None:
+    """(shape, GPU, the vLLM flags given, SimConfig). A model it cannot find: serving, None after vLLM's own message
+    (serve exits 1, as vLLM does); predicting, a usage error (ConfigError: one line, exit 2)."""
+    from autotune.errors import ConfigError
     from autotune.sim.config import SimConfig
     from autotune.sim.profiles import gpu_profile, model_shape
 
     try:
         shape = model_shape(ns.model_tag)
     except KeyError as e:
+        if not serving:
+            raise ConfigError(e.args[0]) from e
         print(f"OSError: {e.args[0]}", file=sys.stderr, flush=True)
         return None
     gpu = gpu_profile(ns.gpu)
@@ -442,7 +446,7 @@ def _run_predict(ns: argparse.Namespace) -> int:
         ns, seed=0 if ns.seed is None else ns.seed, tokenizer=Path(ns.tokenizer) if ns.tokenizer else None
     )
     spec = predict.workload_spec(options, ns.model_tag)
-    engine = _engine(ns)
+    engine = _engine(ns, serving=False)
     if engine is None:
         return 1
     shape, gpu, values, config = engine
