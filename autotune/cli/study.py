@@ -312,6 +312,8 @@ def cmd_study(a: argparse.Namespace) -> int:
 def _dry_run(d, table, trials: int) -> int:
     """The first trials' command lines as JSON lines, every error before any output; nothing starts."""
     from autotune.study.dryrun import dry_run
+    from autotune.study.runner import study_advisor
+    from autotune.workload.source import LoadSteps, read
     from autotune.workload.source import check as check_workload
 
     prompts = check_workload(d.workload, build_prompts=False)
@@ -325,13 +327,16 @@ def _dry_run(d, table, trials: int) -> int:
         )
     for line in lines:
         print(json.dumps(line))
-    if d.objective.simulate_first and d.command.engine_kind.advisor is not None:
+    # what the real study will do here, decided as it decides it (a dry run predicts nothing itself)
+    advisor, why_not = study_advisor(d, LoadSteps.of(read(d.workload), d.objective.step_seconds or 1.0))
+    if advisor.predicts:
         print(
-            "autotune: the real study simulates first where vllm-sim models this host: the baselines and the "
-            "simulator's picks then run in the order of their predicted capacity, which a dry run does not "
-            "compute",
+            f"autotune: the real study simulates first with {advisor.describe}: the baselines and the simulator's "
+            "picks then run in the order of their predicted capacity, which a dry run does not compute",
             file=sys.stderr,
         )
+    elif why_not and d.objective.simulate_first:
+        print(f"autotune: the real study will not simulate first: {why_not}", file=sys.stderr)
     return EXIT_OK
 
 

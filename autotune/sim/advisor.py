@@ -140,7 +140,8 @@ def simulator(target: AdvisorTarget, calibrated: bool = True) -> tuple[SpaceSimu
     if fit is None and key == "cpu":
         return (
             None,
-            f"this CPU is not calibrated yet (autotune calibrate {target.study}'s study file, once it has trials)",
+            "this CPU is not calibrated yet (`autotune calibrate "
+            f"{target.study_file or 'STUDY.toml'}` fits vllm-sim to it once the study has measured trials)",
         )
     gpu, front = (fit.gpu(), fit.front_end()) if fit else (GPUS[key], API_SERVER)
     if gpu.platform == "cuda" and target.devices and target.devices[0].total_bytes != gpu.memory_bytes:

@@ -22,6 +22,7 @@ import importlib
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
@@ -67,6 +68,7 @@ class AdvisorTarget:
     study: str  # the study's name, kept with what the advisor learns from it
     fixed: Mapping[str, Any] = field(default_factory=dict)  # engine args every trial runs with
     varied: frozenset[str] = frozenset()  # engine args the study's space chooses
+    study_file: Path | None = None  # the study's file, for the commands an advisor's notes suggest
 
 
 class Advisor:

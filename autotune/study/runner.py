@@ -117,6 +117,7 @@ def advisor_target(d: StudyDefinition, steps: LoadSteps) -> AdvisorTarget:
         d.name,
         fixed=dict(d.fixed.values),
         varied=frozenset(p.name for p in d.params or ()),
+        study_file=d.source,
     )
 
 
