@@ -210,7 +210,7 @@ def test_the_container_line_runs_the_official_image_on_the_config(tmp_path):
     d = study_toml(tmp_path)
     study = build(d, typical())
     paths = write_verdict(StudyResult.of(study), d.command.model, d.command.engine_kind, tmp_path / "out",
-                          version="0.32.0+cpu")
+                          version="0.32.0")
     line = paths["docker"].read_text().splitlines()[-1]
     words = shlex.split(line.removeprefix("exec "))  # as sh would split it, the cache's $HOME left unexpanded
     image = words.index("vllm/vllm-openai:v0.32.0")
@@ -223,6 +223,25 @@ def test_the_container_line_runs_the_official_image_on_the_config(tmp_path):
     table = d.command.flag_table()  # vLLM's own parser's flags (tests/test_flags_installed.py keeps them true)
     flags = after[0::2]
     assert flags == ["--config", "--host", "--port"] and all(table.lookup(f) is not None for f in flags)
+
+
+def test_a_study_on_vllms_cpu_build_gets_its_cpu_image_and_a_local_model_where_the_container_sees_it(
+        tmp_path, monkeypatch):
+    """The container line fits the study (issue 55): measured on vLLM's CPU build, vLLM's CPU image with no GPUs;
+    a model given as a relative directory is mounted and named at its absolute path inside the container."""
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    d = study_toml(tmp_path)
+    study = build(d, typical())
+    monkeypatch.chdir(tmp_path)  # the model as the study named it: relative to where it ran
+    paths = write_verdict(StudyResult.of(study), "./models/tiny", d.command.engine_kind, tmp_path / "out",
+                          version="0.32.0+cpu")
+    words = shlex.split(paths["docker"].read_text().splitlines()[-1].removeprefix("exec "))
+    image = words.index("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0")
+    assert "--gpus" not in words and "vllm/vllm-openai:v0.32.0" not in words
+    assert f"{model}:{model}:ro" in words
+    assert words[image + 1] == str(model) and words[image + 2:image + 4] == ["--config", "/etc/vllm/config.yaml"]
 
 
 def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):

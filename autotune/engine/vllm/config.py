@@ -22,6 +22,8 @@ __all__ = ["STAGING_ONLY", "production_values", "render", "parse", "container_li
 # vLLM's official image runs `vllm serve` (its Dockerfile's ENTRYPOINT ["vllm", "serve"]): what follows the
 # image name on a `docker run` line are vllm serve's own arguments
 IMAGE = "vllm/vllm-openai"
+# vLLM's own image of its CPU build (x86_64), for a study measured on it (docs.vllm.ai, "Using Docker")
+CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
 CONFIG_IN_CONTAINER = "/etc/vllm/config.yaml"
 CONTAINER_ARGS = ("--config", CONFIG_IN_CONTAINER, "--host", "0.0.0.0", "--port", "8000")
 
@@ -44,20 +46,27 @@ def _entry(name: str, value: Any) -> tuple[str, Any]:
 
 
 def container_line(model: str, config_path: Path, env: Mapping[str, str], version: str | None) -> str:
-    """``docker run`` of the official image serving ``config_path``: all GPUs, the host's Hugging Face cache
-    mounted where the image looks (/root/.cache/huggingface), port 8000 published on localhost only, a local
-    model directory mounted read-only at its own path, ``env`` passed (a redacted secret by name only, so
-    docker takes it from the caller's environment). The tag is the vLLM version the study measured."""
+    """``docker run`` of the official image serving ``config_path``, for the build the study measured: its CPU
+    image for vLLM's CPU build (a version ``+cpu``), else the CUDA image on all GPUs; the tag is that version.
+    The host's Hugging Face cache is mounted where the image looks (/root/.cache/huggingface), port 8000 published
+    on localhost only, a local model directory mounted read-only at its absolute path and named there (the
+    config's path may be relative to where the study ran), ``env`` passed (a redacted secret by name only, so
+    docker takes it from the caller's environment)."""
+    cpu = version is not None and "+cpu" in version
     tag = f"v{version.split('+')[0]}" if version else "latest"
-    words = ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-p", "127.0.0.1:8000:8000"]
+    words = ["docker", "run", "--rm", *([] if cpu else ["--gpus", "all"]), "--ipc=host", "-p", "127.0.0.1:8000:8000"]
     cache = '-v "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface"'  # expanded by the shell
     mounts = ["-v", f"{Path(config_path).resolve()}:{CONFIG_IN_CONTAINER}:ro"]
+    served: list[str] = []
     if Path(model).is_dir():
-        mounts += ["-v", f"{Path(model).resolve()}:{Path(model).resolve()}:ro"]
+        local = str(Path(model).resolve())
+        mounts += ["-v", f"{local}:{local}:ro"]
+        served = [local]  # vllm serve's model argument wins over the config's (a path relative to the study's)
     envs = ["-e", "HF_TOKEN"] + [
         a for k, v in env.items() if k != "HF_TOKEN" for a in ("-e", k if v == REDACTED else f"{k}={v}")
     ]
-    return " ".join([shlex.join(words), cache, shlex.join([*mounts, *envs, f"{IMAGE}:{tag}", *CONTAINER_ARGS])])
+    image = f"{CPU_IMAGE if cpu else IMAGE}:{tag}"
+    return " ".join([shlex.join(words), cache, shlex.join([*mounts, *envs, image, *served, *CONTAINER_ARGS])])
 
 
 def render(model: str, values: Mapping[str, Any], header: Sequence[str] = ()) -> str:
