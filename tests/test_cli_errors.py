@@ -151,7 +151,7 @@ def test_tokenizer_that_is_not_a_tokenizer(capsys, tmp_path):
             assert "not a tokenizer" in line and str(p) in line
 
 
-def test_sharegpt_skips_are_counted_on_stderr(tmp_path, capsys, monkeypatch):
+def test_sharegpt_skips_are_counted_on_stderr(tmp_path, capsys):
     p = tmp_path / "s.json"
     p.write_text(json.dumps([
         {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there"}]},
@@ -165,9 +165,9 @@ def test_sharegpt_skips_are_counted_on_stderr(tmp_path, capsys, monkeypatch):
     def measured(*a, **kw):
         raise Reached
 
-    monkeypatch.setattr("autotune.measure.session.measure_url", measured)
-    with pytest.raises(Reached):
-        main(["replay", "--url", "http://127.0.0.1:9", "--workload", str(p), "--rate", "1", "--output-tokens", "8"])
+    with pytest.raises(Reached):  # where replay would start sending: main's stand-in for measure_url
+        main(["replay", "--url", "http://127.0.0.1:9", "--workload", str(p), "--rate", "1", "--output-tokens", "8"],
+             measure_url=measured)
     err = capsys.readouterr().err
     assert "skipped 2 conversations" in err and "s.json" in err
 
