@@ -347,7 +347,7 @@ def test_other_exceptions_pass_untouched(raise_it):
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """Only exceptions caused by input are mapped: a TypeError in our own code still shows where it came from."""
-    def broken(a):
+    def broken(a, measure_url=None):
         raise TypeError("a bug")
 
     monkeypatch.setattr("autotune.cli.cmd_replay", broken)

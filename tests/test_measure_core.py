@@ -476,7 +476,7 @@ def test_a_candidate_never_measured_has_no_capacity():
 # --- what the SLO grammar tells a user who got it wrong ---
 
 @pytest.mark.parametrize("text,hint", [
-    ("p99:ttft", "quote it: --slo 'ttft<800ms' (unquoted, the shell reads < as a redirection and drops the rest)"),
+    ("p99:ttft", "quote it: --slo 'p99:ttft<800ms' (unquoted, the shell reads < as a redirection and drops the rest)"),
     ("ttft<<1s", "e.g. --slo 'ttft<800ms', --slo 'p99:tpot<50ms', --slo 'throughput>2000tok/s'"),
 ])
 def test_slo_errors_end_with_a_line_to_copy(text, hint):
