@@ -256,6 +256,17 @@ def _tick_until(daemon, phase, timeout):
     raise AssertionError(f"daemon still {daemon.state.phase.value} ({daemon.state.note}) after {timeout} s")
 
 
+def _tick_until_watched(daemon, timeout):
+    """Ticks until the daemon has watched a full window of production traffic. Production is restarted as
+    systemd restarts it, without waiting for it to serve, so the first scrapes may find nothing listening."""
+    deadline = time.monotonic() + timeout
+    while daemon.state.tuned_fingerprint is None or daemon.fingerprint is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no full window of production traffic watched after {timeout} s ({daemon.state.note})")
+        daemon.tick()
+        time.sleep(0.5)
+
+
 def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
     make, daemon, prod_port, config = setup
     cfg = make()
@@ -264,10 +275,8 @@ def test_the_daemon_tunes_on_request_and_publishes_a_verified_config(setup):
         d = daemon(cfg, metrics=metrics)
         d._resume()
         assert [e.outcome for e in d.history.entries()] == ["adopted"]
-        for _ in range(16):  # a full window of production traffic: the fingerprint it is tuned for
-            d.tick()
-            time.sleep(0.5)
-        assert d.state.tuned_fingerprint is not None and d.fingerprint.request_rate > 1
+        _tick_until_watched(d, 60)  # the fingerprint it is tuned for
+        assert d.fingerprint.request_rate > 1
         StateStore(d.root).request_retune("test")
         d.tick()
         assert d.state.phase is Phase.TUNING and d.state.trigger == "requested: test"
@@ -294,9 +303,7 @@ def test_approval_mode_waits_for_a_person(setup):
     with Traffic(prod_port):
         d = daemon(cfg)
         d._resume()
-        for _ in range(16):
-            d.tick()
-            time.sleep(0.5)
+        _tick_until_watched(d, 60)
         StateStore(d.root).request_retune("test")
         _tick_until(d, Phase.AWAITING_APPROVAL, 240)
         assert "max-num-seqs: 2\n" in config.read_text()  # nothing published without a person
