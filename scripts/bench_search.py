@@ -89,6 +89,9 @@ from autotune.workload.source import LoadSteps
 from autotune.workload.synth import SCENARIOS as WORKLOADS
 from autotune.workload.synth import synthesize
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import search_scores  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.95
 STEP_S = 60.0  # a load step, as the example studies run it
@@ -125,7 +128,7 @@ ADVERSARIAL = 1000  # seeds from here are adversarial
 # a throttled GPU) to a speed drawn in STALL. Measuring again draws again.
 MEASURE_SD = 0.03
 STALL_P, STALL = 0.05, (0.6, 0.9)
-TRUTH_VERSION = 2  # the truth's form: cached tables of another version are computed again
+TRUTH_VERSION = 3  # the truth's form: cached tables of another version are computed again
 
 UTILIZATIONS = (0.85, 0.90, 0.95)
 SEQS = (32, 64, 128, 256, 512, 1024)
@@ -258,6 +261,13 @@ def grid_keys(sc: Scenario) -> list[str]:
 
 def defaults_key(sc: Scenario) -> str:
     return key_of(sc, {})
+
+
+def baseline_keys(sc: Scenario) -> set[str]:
+    """The truth's rows of vLLM's built-in baselines, as a study measures them."""
+    from autotune.engine.vllm.defaults import BASELINES
+
+    return {key_of(sc, values) for values in BASELINES.values()}
 
 
 # --- the truth ----------------------------------------------------------------------------------------------------
@@ -427,7 +437,9 @@ def truth_of(sc: Scenario, seed: int) -> Truth:
 
 
 def measurement_speed(*parts: Any) -> float:
-    """One measurement's speed (1: the truth's expected): a few percent, and now and then a stall."""
+    """One measurement's speed (1: the truth's expected): a few percent, and now and then a stall. Keyed by
+    (scenario, truth, config, k-th measurement of that config in the run): common random numbers, so every strategy
+    meets the same luck on the same config."""
     rng = _rng("measure", *parts)
     speed = math.exp(rng.normal(0, MEASURE_SD))
     return speed * float(rng.uniform(*STALL)) if rng.random() < STALL_P else speed
@@ -460,7 +472,9 @@ def expected_capacity(job: tuple[Truth, str]) -> dict[str, Any]:
         return s.failed == 0 and all(v.holds for v in s.verdicts(slos))
 
     k = highest_holding(holds, -4 * GRID, 4 * GRID, stride=GRID)
-    return {"starts": True, "start_s": start.seconds, "capacity": 0.0 if k is None else sc.rate * 2 ** (k / GRID)}
+    # req/s of the replayed workload, as a measurement states it (the synthesized base's own rate, not sc.rate)
+    return {"starts": True, "start_s": start.seconds,
+            "capacity": 0.0 if k is None else steps.base.rate * 2 ** (k / GRID)}
 
 
 def truth_table(truth: Truth, jobs: int, fresh: bool = False) -> dict[str, dict[str, Any]]:
@@ -537,6 +551,7 @@ class Trial:
     measured: float  # the capacity this run measured (0: it did not start)
     expected: float  # the truth's expected capacity of the config
     gpu_s: float  # what the trial cost, in GPU-seconds
+    confirms: bool = False  # a re-measurement after the search: GPU time spent confirming the winner
 
 
 @dataclass
@@ -547,10 +562,10 @@ class TruthGpu:
 
     truth: Truth
     table: dict[str, dict[str, Any]]
-    run: str = ""  # whose measurements: each run draws its own noise
     trials: list[Trial] = field(default_factory=list)
     declared: list[tuple[float, str | None]] = field(default_factory=list)  # (GPU-seconds so far, config)
     held_idle_s: float = 0.0  # the study's own CPU time since the last trial (the simulator): the GPU waits
+    confirming: bool = False  # the search is over: what is measured now confirms its winner
 
     def __post_init__(self) -> None:
         from autotune.measure.slo import parse_slos
@@ -575,7 +590,7 @@ class TruthGpu:
 
     def _spent(self, key: str, measured: float, engine_s: float) -> None:
         self.trials.append(Trial(key, measured, self.row(key).get("capacity", 0.0),
-                                 (self.held_idle_s + engine_s) * self.sc.gpus))
+                                 (self.held_idle_s + engine_s) * self.sc.gpus, self.confirming))
         self.held_idle_s = 0.0
 
     def measure(self, args: EngineArgs, slos, profile: LoadProfile,
@@ -591,7 +606,7 @@ class TruthGpu:
             return out
         out.engine_ready_s = r["start_s"]
         started = self.truth.start(key)
-        speed = measurement_speed(self.sc.name, self.truth.seed, self.run, len(self.trials))
+        speed = measurement_speed(self.sc.name, self.truth.seed, key, sum(t.key == key for t in self.trials))
         while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
             summary = self.truth.step(key, started, load, self.steps, slos, speed)
             out.steps.append(Step(load, self.steps.base.rate * load, summary, summary.verdicts(slos), STEP_S))
@@ -698,6 +713,7 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         study = open_study(d)
         run.optimize(study)
+        gpu.confirming = True
         if run.scoring.remeasured and run.remeasure(study) is not None:
             gpu.declare(winner(study))
 
@@ -739,7 +755,7 @@ STRATEGIES = ("autotune", "TPE", "random", "auto_tune grid", "bench sweep grid")
 
 
 def one_run(truth: Truth, strategy: str, budget: int, table: dict, say: Callable[[str], None]) -> TruthGpu:
-    gpu = TruthGpu(truth, table, run=strategy)
+    gpu = TruthGpu(truth, table)
     if strategy in ("autotune", "TPE", "random"):
         run_study(truth.sc, gpu, strategy, truth.seed, budget, say)
     elif strategy == "auto_tune grid":
@@ -764,9 +780,7 @@ def curve(gpu: TruthGpu, table: dict[str, dict[str, Any]]) -> list[tuple[float, 
 def settled(points: list[tuple[float, float]], trials: list[Trial]) -> tuple[int | None, float | None]:
     """(real trials, GPU-hours) until the declared config is within TARGET of the expected optimum and stays there
     to the run's end; (None, None): it is not at the end."""
-    at = None
-    for hours, share in points:
-        at = (hours if at is None else at) if share >= TARGET else None
+    at = search_scores.hours_to_target(points)
     if at is None:
         return None, None
     return sum(spent <= at * 3600 + 1e-6 for spent in itertools.accumulate(t.gpu_s for t in trials)), at
@@ -880,7 +894,7 @@ def main() -> int:
             print(f"  seed {seed}{flipped}: optimum {optimum:.2f} req/s, vLLM defaults at {share:.0%}; guide vs "
                   f"truth: Spearman {_rho(check.spearman)}, {check.starts_not} configs start in the guide only and "
                   f"{check.fails_not} in the truth only, its first pick at {check.first_pick:.0%}", file=sys.stderr)
-            base = {"scenario": sc.name, "seed": seed, "optimum": optimum, "defaults_share": share,
+            base = {"scenario": sc.name, "gpus": sc.gpus, "seed": seed, "optimum": optimum, "defaults_share": share,
                     "flipped": truth.form.flipped, "circularity": asdict(check)}
             if a.survey:
                 kept, (both, better, worse) = utilization_rule(table)
@@ -899,7 +913,7 @@ def main() -> int:
                       f"{hours or 0:.2f} GPU-h ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
                 dump.append({**base, "strategy": strategy, "trials_to_95": trials, "gpu_hours_to_95": hours,
                              "declared_share": points[-1][1], "curve": points,
-                             "trials": [asdict(t) for t in gpu.trials]})
+                             "declared": [k for _, k in gpu.declared], "trials": [asdict(t) for t in gpu.trials]})
                 if a.json:  # after every run: a long benchmark stopped halfway keeps what it measured
                     a.json.write_text(json.dumps(dump, indent=1))
     print_tables(dump, a.budget)
@@ -970,6 +984,16 @@ def print_tables(dump: list[dict[str, Any]], budget: int) -> None:
         print("|---|---|---|---|---|---|")
         for r in rows:
             print("| " + " | ".join(r) + " |")
+    gpus = {sc.name: sc.gpus for sc in SCENARIOS}
+    scores = [search_scores.RunScore.of(d, d.get("gpus", gpus.get(d["scenario"], 1))) for d in dump if d["strategy"]]
+    if scores:
+        search_scores.print_scores(scores, STRATEGIES)
+    by_name = {sc.name: sc for sc in SCENARIOS}
+    confirm = search_scores.confirmation_rows(
+        [d for d in dump if d["scenario"] in by_name], budget, lambda name: baseline_keys(by_name[name]))
+    if confirm:
+        search_scores.print_rows(["strategy", "GPU-hours spent confirming the winner (runs that confirm)",
+                                  "runs handed a baseline while a config 1/0.95x better was measured"], confirm)
 
 
 def plot_curves(dump: list[dict[str, Any]], path: Path) -> None:
