@@ -90,7 +90,7 @@ from autotune.workload.synth import SCENARIOS as WORKLOADS
 from autotune.workload.synth import synthesize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import search_scores  # noqa: E402
+import search_scores
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.95
@@ -557,8 +557,9 @@ class Trial:
 @dataclass
 class TruthGpu:
     """The GPU host the strategies measure on: the truth engine, started per trial, its load steps replayed in
-    virtual time, each run at its own drawn speed. ``measure`` returns what autotune's measurer would
-    (``OnTruth`` is the study's Measurer on it). ``declared`` records, after each trial, the config the strategy would hand a user."""
+    virtual time, each measurement at its own drawn speed. ``measure`` returns what autotune's measurer would
+    (``OnTruth`` is the study's Measurer on it). ``declared`` records, after each trial, the config the strategy
+    would hand a user."""
 
     truth: Truth
     table: dict[str, dict[str, Any]]
