@@ -48,6 +48,7 @@ the truth is tabulated. enforce_eager stays off (CUDA graphs); block size stays 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -91,6 +92,7 @@ from autotune.workload.synth import synthesize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_scores
+import truth_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.95
@@ -426,6 +428,98 @@ class Truth:
                                       long_context=self.form.long_context, preempt_s=self.form.preempt_s)
         return summarize(simulate(engine, steps.repeated(load, MAX_REQUESTS), warmup=4), slos)
 
+    def expected(self, key: str) -> dict[str, Any]:
+        return expected_capacity((self, key))
+
+    @property
+    def noise_key(self) -> tuple[str, int]:
+        return self.sc.name, self.seed
+
+
+@dataclass(frozen=True)
+class FileTruth:
+    """A truth read from a truth file (scripts/truth_file.py): a measurement is the file's nearest config's
+    expected metrics at the offered rate, at the measurement's own speed."""
+
+    sc: Scenario
+    file: truth_file.TruthFile
+    seed: int = 0
+
+    @classmethod
+    def read(cls, path: Path) -> FileTruth:
+        from autotune.measure.slo import SLOSyntaxError, parse_slos
+
+        def judged(slos: list[str]) -> Callable[[dict[str, float]], bool]:
+            try:
+                parsed = parse_slos(list(slos))
+            except SLOSyntaxError as e:
+                raise truth_file.TruthFileError(f"{path}: the scenario's SLOs: {e}") from e
+            return lambda m: _holds(lookup_summary(m, 1.0, 2, 0.0, parsed), parsed)
+
+        f = truth_file.read(path, judged)
+        fields = {k: v for k, v in f.scenario.items()}
+        try:
+            sc = Scenario(**{**fields, "slos": tuple(fields.get("slos", ())),
+                             "overrides": tuple((k, tuple(r)) for k, r in fields.get("overrides", ()))})
+            gpu_profile(sc.gpu), model_shape(sc.model), WORKLOADS[sc.workload]
+        except (TypeError, KeyError) as e:
+            raise truth_file.TruthFileError(
+                f"{path}: its scenario must name Scenario's fields ({', '.join(Scenario.__dataclass_fields__)}) "
+                f"with a model, GPU and workload vllm-sim knows: {e}") from e
+        return cls(sc, f)
+
+    @property
+    def noise_key(self) -> tuple[str, str]:
+        return "file", self.file.name
+
+    def start(self, key: str) -> truth_file.Row:
+        return self.file.nearest(json.loads(key))
+
+    def step(self, key: str, row: truth_file.Row, load: float, steps: LoadSteps, slos, speed: float = 1.0) -> Summary:
+        rps = steps.base.rate * load
+        metrics = row.metrics_at(rps / speed)
+        metrics = {k: v / speed if k in truth_file.LATENCIES else v * speed for k, v in metrics.items()}
+        return lookup_summary(metrics, rps, MAX_REQUESTS, _output_tokens(self.sc), slos)
+
+    def expected(self, key: str) -> dict[str, Any]:
+        from autotune.measure.slo import parse_slos
+
+        row = self.start(key)
+        if not row.starts:
+            return {"starts": False, "start_s": row.start_s, "failure": row.failure[:200]}
+        slos = parse_slos(list(self.sc.slos))
+        return {"starts": True, "start_s": row.start_s,
+                "capacity": row.capacity(lambda m: _holds(lookup_summary(m, 1.0, 2, 0.0, slos), slos))}
+
+
+def _holds(s: Summary, slos) -> bool:
+    return s.failed == 0 and all(v.holds for v in s.verdicts(slos))
+
+
+@functools.cache
+def _output_tokens(sc: Scenario) -> float:
+    """The base workload's mean output tokens per request."""
+    w = base_workload(sc)
+    return statistics.fmean(r.output_tokens for r in w.requests)
+
+
+def lookup_summary(metrics: dict[str, float], rps: float, requests: int, output_tokens: float, slos) -> Summary:
+    """A load step's summary from expected metrics (a truth file's): ``requests`` completed at ``rps``, each latency
+    read at every percentile as the one value given."""
+    from autotune.measure.metrics import Distribution
+
+    latencies = {k: [metrics[k]] for k in truth_file.LATENCIES if k in metrics}
+    duration = requests / rps
+    output = metrics.get("output_throughput", rps * output_tokens)
+    summary = Summary(requests=requests, completed=requests, failed=0, duration_s=duration, prompt_tokens=0,
+                      output_tokens=round(output * duration), request_throughput=rps, output_throughput=output,
+                      total_token_throughput=output, goodput=0.0, slo_attainment=0.0,
+                      ttft=Distribution.of(latencies.get("ttft", [])), tpot=Distribution.of(latencies.get("tpot", [])),
+                      itl=Distribution.of(latencies.get("itl", [])), e2e=Distribution.of(latencies.get("e2e", [])),
+                      send_lag=Distribution.of([0.0]), errors={}, samples=latencies)
+    good = all(v.holds for v in summary.verdicts(slos))
+    return replace(summary, goodput=rps if good else 0.0, slo_attainment=1.0 if good else 0.0)
+
 
 _GUIDES: dict[str, dict[str, float]] = {}  # per scenario: the shipped predictions, for adversarial truths
 
@@ -561,7 +655,7 @@ class TruthGpu:
     (``OnTruth`` is the study's Measurer on it). ``declared`` records, after each trial, the config the strategy
     would hand a user."""
 
-    truth: Truth
+    truth: Truth | FileTruth
     table: dict[str, dict[str, Any]]
     trials: list[Trial] = field(default_factory=list)
     declared: list[tuple[float, str | None]] = field(default_factory=list)  # (GPU-seconds so far, config)
@@ -577,7 +671,7 @@ class TruthGpu:
 
     def row(self, key: str) -> dict[str, Any]:
         if key not in self.table:  # a baseline off the grid (xinference-legacy's 0.7)
-            self.table[key] = expected_capacity((self.truth, key))
+            self.table[key] = self.truth.expected(key)
         return self.table[key]
 
     def start(self, key: str) -> dict[str, Any]:
@@ -607,7 +701,7 @@ class TruthGpu:
             return out
         out.engine_ready_s = r["start_s"]
         started = self.truth.start(key)
-        speed = measurement_speed(self.sc.name, self.truth.seed, key, sum(t.key == key for t in self.trials))
+        speed = measurement_speed(*self.truth.noise_key, key, sum(t.key == key for t in self.trials))
         while (load := profile.next_load([(s.load, s.passed) for s in out.steps])) is not None:
             summary = self.truth.step(key, started, load, self.steps, slos, speed)
             out.steps.append(Step(load, self.steps.base.rate * load, summary, summary.verdicts(slos), STEP_S))
@@ -755,7 +849,7 @@ def _measure_grid_point(sc: Scenario, gpu: TruthGpu, values: dict[str, Any]) -> 
 STRATEGIES = ("autotune", "TPE", "random", "auto_tune grid", "bench sweep grid")
 
 
-def one_run(truth: Truth, strategy: str, budget: int, table: dict, say: Callable[[str], None]) -> TruthGpu:
+def one_run(truth: Truth | FileTruth, strategy: str, budget: int, table: dict, say: Callable[[str], None]) -> TruthGpu:
     gpu = TruthGpu(truth, table)
     if strategy in ("autotune", "TPE", "random"):
         run_study(truth.sc, gpu, strategy, truth.seed, budget, say)
@@ -853,7 +947,7 @@ def _median(xs: list[float | None], fmt: str, budget: int) -> str:
     return f"> {budget} trials" if math.isinf(m) else fmt.format(m)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3, help="truths (and search seeds) per scenario")
     ap.add_argument("--adversarial", action="store_true",
@@ -863,6 +957,8 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="compute the truth even when cached")
     ap.add_argument("--scenario", action="append", help="only these scenarios")
     ap.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these strategies")
+    ap.add_argument("--truth-file", type=Path, metavar="JSONL",
+                    help="run against this truth instead of the simulator's (format: scripts/truth_file.py)")
     ap.add_argument("--survey", action="store_true", help="only the truths: defaults, optimum and circularity check")
     ap.add_argument("--json", type=Path, help="also write every run's trials and curve here")
     ap.add_argument("--plot", type=Path,
@@ -871,56 +967,81 @@ def main() -> int:
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: the tables of these --json files' runs (a later file's run of the same "
                     "scenario, seed and strategy replaces an earlier one's), and with --json their merge")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     if a.table_from:
         return table_from(a.table_from, a.json, a.budget, a.plot)
     say = (lambda m: print(f"    {m}", file=sys.stderr)) if a.verbose else (lambda _: None)
     dump: list[dict[str, Any]] = []
+    if a.truth_file:
+        try:
+            truth = FileTruth.read(a.truth_file)
+        except truth_file.TruthFileError as e:
+            print(f"bench_search: {e}", file=sys.stderr)
+            return 2
+        sc = truth.sc
+        _introduce(sc)
+        guide, ranks = shipped_table(sc, a.jobs)
+        table = {k: truth.expected(k) for k in grid_keys(sc)}
+        dump += run_truth(a, truth, table, guide, ranks, say, dump)
     first = ADVERSARIAL if a.adversarial else 0
-    for sc in SCENARIOS:
+    for sc in SCENARIOS if not a.truth_file else ():
         if a.scenario and sc.name not in a.scenario:
             continue
-        print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, {sc.workload} at {sc.rate} req/s, SLOs "
-              f"{', '.join(sc.slos)}", file=sys.stderr)
+        _introduce(sc)
         guide, ranks = shipped_table(sc, a.jobs)
         _GUIDES[sc.name] = guide
         for seed in range(first, first + a.seeds):
-            truth = truth_of(sc, seed)
-            table = truth_table(truth, a.jobs, a.fresh)
-            optimum = max(r.get("capacity", 0.0) for r in table.values())
-            share = table[defaults_key(sc)].get("capacity", 0.0) / optimum if optimum else 0.0
-            check = circularity(sc, table, guide, ranks)
-            flipped = f", the guide's {truth.form.flipped} reversed" if truth.form.flipped else ""
-            print(f"  seed {seed}{flipped}: optimum {optimum:.2f} req/s, vLLM defaults at {share:.0%}; guide vs "
-                  f"truth: Spearman {_rho(check.spearman)}, {check.starts_not} configs start in the guide only and "
-                  f"{check.fails_not} in the truth only, its first pick at {check.first_pick:.0%}", file=sys.stderr)
-            base = {"scenario": sc.name, "gpus": sc.gpus, "seed": seed, "optimum": optimum, "defaults_share": share,
-                    "flipped": truth.form.flipped, "circularity": asdict(check)}
-            if a.survey:
-                kept, (both, better, worse) = utilization_rule(table)
-                print(f"    at the highest utilization that starts: {kept:.1%} of the optimum left; of {both} "
-                      f"utilization steps up, {better} hold at least as much, {worse} more than 10 % less",
-                      file=sys.stderr)
-                dump.append({**base, "strategy": "", "utilization_rule": [kept, both, better, worse]})
-                continue
-            for strategy in a.strategy or STRATEGIES:
-                t0 = time.monotonic()
-                gpu = one_run(truth, strategy, a.budget, table, say)
-                points = curve(gpu, table)
-                trials, hours = settled(points, gpu.trials)
-                print(f"    {strategy}: declares {points[-1][1]:.0%} of the optimum after {len(gpu.trials)} trials "
-                      f"({points[-1][0]:.2f} GPU-h); within 95 % for good after {trials or '-'} trials, "
-                      f"{hours or 0:.2f} GPU-h ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
-                dump.append({**base, "strategy": strategy, "trials_to_95": trials, "gpu_hours_to_95": hours,
-                             "declared_share": points[-1][1], "curve": points,
-                             "declared": [k for _, k in gpu.declared], "trials": [asdict(t) for t in gpu.trials]})
-                if a.json:  # after every run: a long benchmark stopped halfway keeps what it measured
-                    a.json.write_text(json.dumps(dump, indent=1))
+            sim_truth = truth_of(sc, seed)
+            dump += run_truth(a, sim_truth, truth_table(sim_truth, a.jobs, a.fresh), guide, ranks, say, dump)
     print_tables(dump, a.budget)
     if a.plot and not a.survey:
         plot_curves(dump, a.plot)
     return 0
+
+
+def _introduce(sc: Scenario) -> None:
+    print(f"\n{sc.name}: {sc.model} on {sc.tp}x {sc.gpu}, {sc.workload} at {sc.rate} req/s, SLOs "
+          f"{', '.join(sc.slos)}", file=sys.stderr)
+
+
+def run_truth(a: argparse.Namespace, truth: Truth | FileTruth, table: dict[str, dict[str, Any]],
+              guide: dict[str, float], ranks: dict[str, float], say: Callable[[str], None],
+              before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every strategy's run on one truth (or, with --survey, the truth alone), as dump entries; with --json the
+    file is rewritten after every run, ``before`` included."""
+    sc, seed = truth.sc, truth.seed
+    optimum = max(r.get("capacity", 0.0) for r in table.values())
+    share = table[defaults_key(sc)].get("capacity", 0.0) / optimum if optimum else 0.0
+    check = circularity(sc, table, guide, ranks)
+    flipped = truth.form.flipped if isinstance(truth, Truth) else ""
+    said = f", the guide's {flipped} reversed" if flipped else ""
+    name = f"seed {seed}" if isinstance(truth, Truth) else f"truth file {truth.file.name!r}"
+    print(f"  {name}{said}: optimum {optimum:.2f} req/s, vLLM defaults at {share:.0%}; guide vs "
+          f"truth: Spearman {_rho(check.spearman)}, {check.starts_not} configs start in the guide only and "
+          f"{check.fails_not} in the truth only, its first pick at {check.first_pick:.0%}", file=sys.stderr)
+    base = {"scenario": sc.name, "gpus": sc.gpus, "seed": seed, "optimum": optimum, "defaults_share": share,
+            "flipped": flipped, "circularity": asdict(check)}
+    if a.survey:
+        kept, (both, better, worse) = utilization_rule(table)
+        print(f"    at the highest utilization that starts: {kept:.1%} of the optimum left; of {both} "
+              f"utilization steps up, {better} hold at least as much, {worse} more than 10 % less", file=sys.stderr)
+        return [{**base, "strategy": "", "utilization_rule": [kept, both, better, worse]}]
+    out = []
+    for strategy in a.strategy or STRATEGIES:
+        t0 = time.monotonic()
+        gpu = one_run(truth, strategy, a.budget, table, say)
+        points = curve(gpu, table)
+        trials, hours = settled(points, gpu.trials)
+        print(f"    {strategy}: declares {points[-1][1]:.0%} of the optimum after {len(gpu.trials)} trials "
+              f"({points[-1][0]:.2f} GPU-h); within 95 % for good after {trials or '-'} trials, "
+              f"{hours or 0:.2f} GPU-h ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+        out.append({**base, "strategy": strategy, "trials_to_95": trials, "gpu_hours_to_95": hours,
+                    "declared_share": points[-1][1], "curve": points,
+                    "declared": [k for _, k in gpu.declared], "trials": [asdict(t) for t in gpu.trials]})
+        if a.json:  # after every run: a long benchmark stopped halfway keeps what it measured
+            a.json.write_text(json.dumps(before + out, indent=1))
+    return out
 
 
 def _rho(r: float) -> str:

@@ -63,8 +63,9 @@ class Interval:
         return f"{fmt.format(self.value)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
 
-def bootstrap(groups: Sequence[Sequence[Any]], stat: Callable[[list[Any]], float], *, seed: int = 0,
-              resamples: int = RESAMPLES) -> Interval:
+def bootstrap(
+    groups: Sequence[Sequence[Any]], stat: Callable[[list[Any]], float], *, seed: int = 0, resamples: int = RESAMPLES
+) -> Interval:
     """``stat`` of the pooled items of ``groups`` and its percentile 95 % interval, resampling items with replacement
     within each group (a group: one scenario's truths; an item: whatever ``stat`` reads of one truth)."""
     pooled = [x for g in groups for x in g]
@@ -103,20 +104,27 @@ class RunScore:
     @classmethod
     def of(cls, run: dict[str, Any], gpus: int) -> RunScore:
         curve = run["curve"]
-        return cls(run["scenario"], run["seed"], run["strategy"],
-                   tuple(share_at(curve, b * gpus) for b in BUDGETS), restricted(hours_to_target(curve), gpus))
+        return cls(
+            run["scenario"],
+            run["seed"],
+            run["strategy"],
+            tuple(share_at(curve, b * gpus) for b in BUDGETS),
+            restricted(hours_to_target(curve), gpus),
+        )
 
 
 def by_truth(scores: list[RunScore], strategy: str) -> dict[tuple[str, int], RunScore]:
     return {(s.scenario, s.truth): s for s in scores if s.strategy == strategy}
 
 
-def paired(scores: list[RunScore], a: str, b: str, read: Callable[[RunScore], float],
-           scenarios: Sequence[str]) -> list[list[tuple[float, float]]]:
+def paired(
+    scores: list[RunScore], a: str, b: str, read: Callable[[RunScore], float], scenarios: Sequence[str]
+) -> list[list[tuple[float, float]]]:
     """Per scenario, (a's value, b's value) on each truth both ran."""
     mine, theirs = by_truth(scores, a), by_truth(scores, b)
-    return [[(read(mine[k]), read(theirs[k])) for k in sorted(mine) if k in theirs and k[0] == name]
-            for name in scenarios]
+    return [
+        [(read(mine[k]), read(theirs[k])) for k in sorted(mine) if k in theirs and k[0] == name] for name in scenarios
+    ]
 
 
 def strategy_rows(scores: list[RunScore], order: Sequence[str]) -> list[tuple[str, ...]]:
@@ -127,8 +135,9 @@ def strategy_rows(scores: list[RunScore], order: Sequence[str]) -> list[tuple[st
         for strategy in [x for x in order if any(s.strategy == x and s.scenario == name for s in scores)]:
             mine = [s for s in scores if s.scenario == name and s.strategy == strategy]
             shares = [bootstrap([[s.shares[i] for s in mine]], mean).show("{:.0%}") for i in range(len(BUDGETS))]
-            rows.append((name, strategy, *shares, bootstrap([[s.to_target for s in mine]], mean).show(),
-                         str(len(mine))))
+            rows.append(
+                (name, strategy, *shares, bootstrap([[s.to_target for s in mine]], mean).show(), str(len(mine)))
+            )
     return rows
 
 
@@ -159,11 +168,22 @@ def print_rows(header: Sequence[str], rows: list[tuple[str, ...]]) -> None:
 
 def print_scores(scores: list[RunScore], order: Sequence[str], ours: str = "autotune") -> None:
     budgets = [f"declared share at {b:g} GPU-h/GPU" for b in BUDGETS]
-    print_rows(["scenario", "strategy", *budgets, f"restricted mean GPU-h/GPU to 95 % (cap {CAP:g})", "truths"],
-               strategy_rows(scores, order))
+    print_rows(
+        ["scenario", "strategy", *budgets, f"restricted mean GPU-h/GPU to 95 % (cap {CAP:g})", "truths"],
+        strategy_rows(scores, order),
+    )
     if any(s.strategy == ours for s in scores):
-        print_rows(["scenario", "paired", "share difference at 0.5 GPU-h/GPU", "at 1 GPU-h/GPU",
-                    "ratio of restricted mean GPU-h to 95 %", "truths"], comparison_rows(scores, ours, order))
+        print_rows(
+            [
+                "scenario",
+                "paired",
+                "share difference at 0.5 GPU-h/GPU",
+                "at 1 GPU-h/GPU",
+                "ratio of restricted mean GPU-h to 95 %",
+                "truths",
+            ],
+            comparison_rows(scores, ours, order),
+        )
 
 
 def confirming_hours(run: dict[str, Any], budget: int) -> tuple[float, float]:
@@ -196,8 +216,9 @@ def handed_baseline(run: dict[str, Any], baselines: set[str]) -> bool:
     return is_baseline and any(t["expected"] * TARGET > expected and t["measured"] > 0 for t in trials)
 
 
-def confirmation_rows(dump: list[dict[str, Any]], budget: int,
-                      baselines: Callable[[str], set[str]]) -> list[tuple[str, ...]]:
+def confirmation_rows(
+    dump: list[dict[str, Any]], budget: int, baselines: Callable[[str], set[str]]
+) -> list[tuple[str, ...]]:
     """Per strategy that confirms its winner: the share of its GPU-hours spent confirming, and how many runs end
     handing the user a baseline while a better config was measured."""
     rows = []
@@ -209,7 +230,12 @@ def confirmation_rows(dump: list[dict[str, Any]], budget: int,
             continue
         shares = [c / t for c, t in confirming]
         handed = sum(handed_baseline(d, baselines(d["scenario"])) for d in runs)
-        rows.append((strategy, f"{min(shares):.0%}-{max(shares):.0%} (pooled "
-                     f"{sum(c for c, _ in confirming) / sum(t for _, t in confirming):.0%})",
-                     f"{handed}/{len(runs)}"))
+        rows.append(
+            (
+                strategy,
+                f"{min(shares):.0%}-{max(shares):.0%} (pooled "
+                f"{sum(c for c, _ in confirming) / sum(t for _, t in confirming):.0%})",
+                f"{handed}/{len(runs)}",
+            )
+        )
     return rows

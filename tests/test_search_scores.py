@@ -32,10 +32,12 @@ def test_the_declared_share_at_a_budget_is_what_the_user_would_hold_had_the_run_
 
 
 def test_the_restricted_mean_counts_a_run_that_never_gets_there_at_the_cap(scores):
-    runs = [run([(0.5, 0.96), (1.0, 0.96)]),  # within 95 % from 0.5 GPU-h on
-            run([(0.5, 0.96), (1.0, 0.8), (1.2, 0.99), (1.5, 0.99)]),  # there for good only from 1.2
-            run([(0.4, 0.9), (0.6, 0.9)]),  # ended short of 95 %: never gets there
-            run([(3.0, 1.0), (3.1, 1.0)])]  # got there past the cap
+    runs = [
+        run([(0.5, 0.96), (1.0, 0.96)]),  # within 95 % from 0.5 GPU-h on
+        run([(0.5, 0.96), (1.0, 0.8), (1.2, 0.99), (1.5, 0.99)]),  # there for good only from 1.2
+        run([(0.4, 0.9), (0.6, 0.9)]),  # ended short of 95 %: never gets there
+        run([(3.0, 1.0), (3.1, 1.0)]),
+    ]  # got there past the cap
     assert [scores.hours_to_target(r["curve"]) for r in runs] == [0.5, 1.2, None, 3.0]
     mine = [scores.RunScore.of(r, gpus=1) for r in runs]
     assert [s.to_target for s in mine] == [0.5, 1.2, scores.CAP, scores.CAP]
@@ -51,8 +53,9 @@ def test_a_paired_comparison_is_on_the_same_truths_and_its_interval_tells_a_diff
     ours = [scores.RunScore("s", i, "ours", (b + 0.05,) * 4, 1.0) for i, b in enumerate(base)]
     theirs = [scores.RunScore("s", i, "theirs", (b,) * 4, 2.0) for i, b in enumerate(base)]
     luck = [scores.RunScore("s", i, "luck", (b + rng.normal(0, 0.05),) * 4, 1.0) for i, b in enumerate(base)]
-    rows = {r[1]: r for r in scores.comparison_rows(ours + theirs + luck, "ours", ["ours", "theirs", "luck"])
-            if r[0] == "s"}
+    rows = {
+        r[1]: r for r in scores.comparison_rows(ours + theirs + luck, "ours", ["ours", "theirs", "luck"]) if r[0] == "s"
+    }
     # a constant +5 points on every truth: an interval of zero width, whatever the truths' spread
     assert rows["ours vs theirs"][2] == "+5% [+5%, +5%]" and rows["ours vs theirs"][4] == "0.50 [0.50, 0.50]"
     pairs = scores.paired(ours + luck, "ours", "luck", lambda s: s.shares[1], ["s"])
