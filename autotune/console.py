@@ -107,7 +107,7 @@ class Progress:
         spent = f"{'GPU' if self.gpu else 'engine'} time {elapsed_text(self.engine_s)}"
         left = ""
         if self.left_s is not None:
-            runs = f" with the re-measurement's {self.remeasure_runs} runs" if self.remeasure_runs else ""
+            runs = f" with at most {self.remeasure_runs} re-measurement runs" if self.remeasure_runs else ""
             left = f", about {elapsed_text(self.left_s)} left{runs}"
         return f"{self.done}{of} trials; best {best}; {spent}{left}"
 

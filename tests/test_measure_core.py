@@ -401,48 +401,65 @@ def cand(label, caps, n=0):
     return Candidate(label, n, EngineArgs({}, {}), capacities=list(caps))
 
 
-def test_a_gain_exactly_the_spread_is_not_significant():
+def test_a_gain_is_deployed_when_the_posterior_gives_it_the_confidence_asked():
     from autotune.study.records import judge
 
     v = judge([cand("trial 2", [13.0, 12.0, 14.0], 2), cand("baseline", [11.0, 11.5, 10.0])])
-    assert (v.gain_rps, v.noise_rps) == (2.0, 2.0) and not v.significant  # as large as the noise: could be luck
-    v = judge([cand("trial 2", [13.0, 12.0, 14.0], 2), cand("baseline", [10.5, 11.0, 10.0])])
-    assert v.gain_rps == 2.5 and v.noise_rps == 2.0 and v.significant
+    assert v.winner == "trial 2" and v.p_better >= 0.9 and v.significant and v.recommended_trial == 2
+    assert v.gain_rps == pytest.approx(2.1, abs=0.2)  # posterior medians: ~13.2 over ~11.1
+    assert "P = 0.98 that it is better, 0.9 required): deploy trial 2" in v.sentence(), v.sentence()
+    # runs that overlap: the lead may be luck, and the baseline is kept
+    v = judge([cand("trial 4", [12.0, 9.0, 11.0], 4), cand("baseline", [10.0, 10.5, 9.5])])
+    assert v.winner == "trial 4" and 0.5 < v.p_better < 0.9 and not v.significant and v.recommended_trial == 0
+    assert "not surely (P = 0.81 that it is better, 0.9 required): keep baseline" in v.sentence(), v.sentence()
+    # the same evidence asked for less: deployed
+    assert judge([cand("trial 4", [12.0, 9.0, 11.0], 4), cand("baseline", [10.0, 10.5, 9.5])], confidence=0.8).significant
 
 
-def test_the_noise_is_the_wider_spread_of_winner_and_baseline():
-    from autotune.study.records import judge
+def test_the_verdicts_probability_on_cases_whose_answer_is_known():
+    """Identical evidence: P(either is better) is a coin's; disjoint brackets measured many times: certain."""
+    from autotune.study.posterior import Bracket, Posterior
 
-    v = judge([cand("trial 1", [20.0, 20.0], 1), cand("trial 2", [30.0, 21.0, 24.0], 2),
-               cand("baseline", [10.0, 11.0])])
-    assert (v.winner, v.winner_trial, v.baseline) == ("trial 2", 2, "baseline")
-    assert v.gain_rps == 24.0 - 10.5 and v.noise_rps == 6.0 and v.significant  # 2 x MAD of 30, 21, 24
-    v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [6.0, 10.0, 14.0])], trials_seen=7)
-    assert v.noise_rps == 8.0 and v.gain_rps == 5.25 and not v.significant and v.trials_seen == 7
-    assert "within the noise (8.00: the spread of their runs)" in v.sentence(), v.sentence()
+    same = Posterior.of([[Bracket(10.0, 10.5)] * 20, [Bracket(10.0, 10.5)] * 20])
+    assert same.p_better(0, 1) == pytest.approx(0.5, abs=0.03) and same.median(0) == same.median(1)
+    apart = Posterior.of([[Bracket(20.0, 21.0)] * 5, [Bracket(10.0, 10.5)] * 5])
+    assert apart.p_better(0, 1) == 1.0 and apart.p_within(1, 0.95) == 0.0
+    assert 20.0 <= apart.median(0) <= 21.0 and 10.0 <= apart.median(1) <= 10.5
+    # a floor says the capacity is above it, by how much unknown: it is not surely below a capacity just above it
+    floor = Posterior.of([[Bracket(12.0, 13.5)] * 2, [Bracket(8.0, None)] * 2])
+    assert 0.1 < floor.p_better(0, 1) < 0.9 and floor.median(1) > 8.0
 
 
-def test_one_stalled_run_does_not_widen_the_noise():
-    """Three runs of the baseline, one of them stalled to 40 %: the range (8) would hide a 5.25 req/s gain that
-    the other two runs (10, 12) and the winner's (15, 15.5) agree on."""
+def test_one_stalled_run_moves_a_capacity_a_little_and_not_the_verdict():
+    """Three runs of the baseline, one of them stalled to 40 %: the heavy-tailed noise reads the stall as one,
+    and the gain the other two runs (10, 12) and the winner's (15, 15.5) agree on stands."""
     from autotune.study.records import judge
 
     v = judge([cand("trial 1", [15.0, 15.5], 1), cand("baseline", [4.0, 10.0, 12.0])])
-    assert v.candidates[-1]["spread"] == 4.0 and v.noise_rps == 4.0 and v.significant
-    assert v.recommended_trial == 1
+    assert v.significant and v.recommended_trial == 1
+    assert v.candidates[-1]["median"] > 9.0  # not dragged to the 4
 
 
-def test_a_gain_within_the_ladders_step_is_not_significant():
-    """Runs that agree exactly have no spread, but a capacity is known only to the re-measurement's 1.05x step:
-    10.4 over 10.0 may be the same config."""
+def test_a_capacity_is_known_to_its_ladders_step():
+    """A capacity given without its runs is a bracket one ladder step wide: one run each, 10.6 over 10.0 on a
+    1.10x ladder, overlaps and is no sure gain; the same gain seen three times on a 1.05x ladder is."""
     from autotune.study.records import judge
 
-    v = judge([cand("trial 1", [10.4, 10.4, 10.4], 1), cand("baseline", [10.0, 10.0, 10.0])])
-    assert v.noise_rps == pytest.approx(0.5) and not v.significant and v.resolution == 1.05
-    assert "within the noise (0.50: the re-measurement ladder's 1.05x step)" in v.sentence(), v.sentence()
-    v = judge([cand("trial 1", [10.6, 10.6, 10.6], 1), cand("baseline", [10.0, 10.0, 10.0])])
-    assert v.significant and "more than the noise (0.50: the re-measurement ladder's 1.05x step)" in v.sentence()
     assert not judge([cand("trial 1", [10.6], 1), cand("baseline", [10.0])], resolution=1.10).significant
+    v = judge([cand("trial 1", [10.6, 10.6, 10.6], 1), cand("baseline", [10.0, 10.0, 10.0])])
+    assert v.significant and v.resolution == 1.05
+
+
+def test_the_search_measurement_counts_as_evidence():
+    """The trial's own bracket is a measurement too: a stalled re-measurement of the winner does not undo it."""
+    from autotune.study.posterior import Bracket
+    from autotune.study.records import judge
+
+    winner, base = cand("trial 1", [9.0], 1), cand("baseline", [10.0, 10.2])
+    assert not judge([winner, base]).significant
+    winner.evidence = [Bracket(15.0, 15.75), Bracket(15.2, 16.0)]
+    v = judge([winner, base])
+    assert v.winner == "trial 1" and v.significant
 
 
 def test_the_verdict_lists_every_candidate():
@@ -456,12 +473,14 @@ def test_the_verdict_lists_every_candidate():
     runs = v.candidates[0]["runs"]
     assert [[StepRecord.from_json(s) for s in run] for run in runs] == cs[0].runs  # stored as it reads back
     assert runs[0][0]["load"] == 1.0 and runs[1][0]["passed"] is False
+    medians = [c.pop("median") for c in v.candidates]
     assert v.candidates == [
-        {"label": "trial 1", "trial": 1, "capacities": [15.0, 14.0], "median": 14.5, "spread": 1.0,
-         "runs": runs, "at_least": False},
-        {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "median": 10.25, "spread": 0.5, "runs": [],
-         "at_least": False}]
-    assert v.candidate(1)["median"] == 14.5 and v.candidate(99) is None
+        {"label": "trial 1", "trial": 1, "capacities": [15.0, 14.0], "spread": 1.0, "runs": runs, "at_least": False},
+        {"label": "baseline", "trial": 0, "capacities": [10.0, 10.5], "spread": 0.5, "runs": [], "at_least": False}]
+    assert 4.0 <= medians[0] <= 8.0  # posterior medians: its runs' brackets ([4, 8) and below 8), not the figures
+    assert 10.0 <= medians[1] <= 11.0  # its capacities, each known to the ladder's step
+    v = judge(cs)
+    assert v.candidate(1)["median"] == medians[0] and v.candidate(99) is None
     assert Remeasurement.from_json(v.to_json()) == v
     assert v.trials_seen == 0  # not told how many trials it saw: stale as soon as the study has one
 
@@ -571,7 +590,7 @@ def test_no_gain_is_stated_over_a_baseline_that_held_every_load():
     winner = cand("trial 3", [12.0, 12.0], 3)
     winner.runs = [_ladder((2.0, True), (4.0, True), (8.0, True), (16.0, False), (11.3, True), (13.5, False))] * 2
     v = judge([winner, base])
-    assert v.winner == "trial 3" and v.gain_rps == 4.0 > v.noise_rps and v.baseline_at_least
+    assert v.winner == "trial 3" and v.gain_rps == pytest.approx(4.3, abs=0.3) and v.baseline_at_least
     assert not v.significant and v.recommended_trial == base.trial_number
     assert v.sentence().startswith("no gain can be stated: baseline vllm-defaults held every load the ladder "
                                    "offered"), v.sentence()
@@ -581,7 +600,7 @@ def test_no_gain_is_stated_over_a_baseline_that_held_every_load():
     bounded.runs = [_ladder((2.0, True), (4.0, True), (8.0, False), (5.7, False))] * 2
     v = judge([base, bounded])
     assert v.significant and not v.baseline_at_least
-    assert v.sentence().startswith("baseline vllm-defaults beats baseline by at least 4.00 req/s"), v.sentence()
+    assert v.sentence().startswith("baseline vllm-defaults beats baseline by at least 3."), v.sentence()  # 8 over [4, 5.7)
 
 
 def sent(i: float, ttft: float | None = None, e2e: float | None = None, error: str = "") -> RequestResult:

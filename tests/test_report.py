@@ -138,10 +138,10 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
     build(d, typical(), runs=[(2, [3.2, 3.1, 3.3]), (0, [2.2, 2.21, 2.25])])
     page = report(d, tmp_path)
     line = first_line(page)
-    assert line == ("Winner: trial 2 (max_num_seqs=64): 3.20 req/s within the SLOs (median of 3 runs), +45 % over "
-                    "baseline vllm-defaults (2.21 req/s); re-measured, interleaved: trial 2 beats baseline "
-                    "vllm-defaults by 0.99 req/s, more than the noise (0.20: the spread of their runs): deploy "
-                    "trial 2.")
+    # posterior medians: each run's capacity is known to its 1.05x step, so 3.1-3.3 puts it at ~3.26
+    assert line == ("Winner: trial 2 (max_num_seqs=64): 3.26 req/s within the SLOs (posterior median, 3 runs), +44 % "
+                    "over baseline vllm-defaults (2.27 req/s); re-measured, interleaved: trial 2 beats baseline "
+                    "vllm-defaults by 1.00 req/s (P = 1.00 that it is better, 0.9 required): deploy trial 2.")
     text = verdict_of(page)
     assert text.lstrip().startswith("Winner: trial 2")
     # the gain over each baseline, the re-measured runs, the config file, the command line, the SLOs
@@ -151,7 +151,7 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
     assert "3.20, 3.10, 3.30" in text and "baseline vllm-defaults" in text
     config = re.search(r'<pre id="winner-config">(.*?)</pre>', page, re.S).group(1)
     assert "max-num-seqs: 64" in config and "model: no/such-model" in config
-    assert "# autotune: best config of trial 2, capacity 3.20 req/s" in config
+    assert "# autotune: best config of trial 2, capacity 3.26 req/s" in config
     command = re.search(r'<pre id="winner-command">(.*?)</pre>', page, re.S).group(1)
     assert command == ("env HF_TOKEN=&#x27;&lt;redacted&gt;&#x27; "
                        "vllm serve no/such-model --max-num-seqs 64 --max-model-len 4096")
@@ -169,10 +169,10 @@ def test_a_gain_within_the_spread_is_not_significant(tmp_path):
     build(d, typical(), runs=[(2, [2.5, 2.0, 2.9]), (0, [2.2, 2.21, 2.25])])
     page = report(d, tmp_path)
     line = first_line(page)
-    # the headline names what best.yaml holds: the baseline, since the leader's gain is within the noise
-    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.21 req/s within the SLOs (median of 3 runs); "
-                    "re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.29 req/s, within "
-                    "the noise (0.80: the spread of their runs): keep baseline vllm-defaults.")
+    # the headline names what best.yaml holds: the baseline, since the leader's gain is not sure enough
+    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 runs); "
+                    "re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.30 req/s, not "
+                    "surely (P = 0.85 that it is better, 0.9 required): keep baseline vllm-defaults.")
     config = re.search(r'<pre id="winner-config">(.*?)</pre>', page, re.S).group(1)
     assert "# autotune: best config of trial 0" in config and "max-num-seqs: 64" not in config
 
@@ -190,8 +190,7 @@ def test_the_files_a_user_deploys_are_the_verdict(tmp_path):
     assert "--max-num-seqs 128" in (out / "best-command.sh").read_text()
     kept = (out / "not-recommended.yaml").read_text()
     assert "max-num-seqs: 64" in kept and ("# not recommended: re-measured, no gain: trial 2 leads baseline "
-                                           "vllm-defaults by 0.29 req/s, within the noise (0.80: the spread of "
-                                           "their runs)") in kept
+                                           "vllm-defaults by 0.30 req/s, not surely (P = 0.85") in kept
     assert json.loads((out / "not-recommended.json").read_text())["trial"] == 2
     assert set(paths) == {"config", "command", "json", "docker", "not-recommended-config", "not-recommended-command",
                           "not-recommended-json", "not-recommended-docker"}
@@ -248,7 +247,7 @@ def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):
     d = study_toml(tmp_path)
     build(d, typical(), runs=[(2, [2.0, 2.1, 2.05]), (0, [2.2, 2.21, 2.25])])
     line = first_line(report(d, tmp_path))
-    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.21 req/s within the SLOs (median of 3 runs); "
+    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 runs); "
                     "re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the median; "
                     "keep baseline vllm-defaults.")
 
@@ -376,10 +375,11 @@ def test_a_winner_has_one_capacity_the_verdicts_and_a_trial_alone_shows_its_brac
     out = tmp_path / "files"
     out.mkdir()
     paths = write_verdict(result, "no/such-model", d.command.engine_kind, out)
-    assert "# autotune: best config of trial 2, capacity 3.60 req/s (median of 3 re-measurements)" in (
+    said = json.loads(paths["json"].read_text())["capacity_rps"]
+    assert 3.5 < said < 3.9  # the posterior median of its trial's 3.2 bracket and re-measured 3.5-3.7
+    assert f"# autotune: best config of trial 2, capacity {said:.2f} req/s (posterior median, 3 re-measurements)" in (
         paths["config"].read_text())
-    assert json.loads(paths["json"].read_text())["capacity_rps"] == 3.6
-    assert "3.60 req/s" in first_line(report(d, tmp_path))  # the report's verdict says the same number
+    assert f"{said:.2f} req/s" in first_line(report(d, tmp_path))  # the report's verdict says the same number
     # without a verdict: the trial's own capacity, as the bracket its ladder found (3.2 held, 4.0 missed)
     (tmp_path / "b").mkdir()
     alone = StudyResult.of(build(study_toml(tmp_path / "b"), typical()))

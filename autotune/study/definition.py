@@ -22,8 +22,8 @@ from autotune.engine.model import ModelFiles, locate, parse_bytes
 from autotune.errors import ConfigError, SLOSyntaxError
 from autotune.measure.slo import SLO, parse_slos
 from autotune.study.baselines import check_builtin
+from autotune.study.scoring import CONFIDENCE, Scoring, scoring_for
 from autotune.study.scoring import KINDS as SCORING_KINDS
-from autotune.study.scoring import Scoring, scoring_for
 from autotune.study.space import Param, check_range, default_space
 from autotune.units import parse_duration
 from autotune.workload.source import WorkloadSpec
@@ -94,7 +94,8 @@ class StudyDefinition:
     builtin_baselines: tuple[str, ...] | None = None  # None: every one the engine kind names
     precheck: bool = True
     remeasure_top: int = 2
-    remeasure_repeats: int = 3
+    remeasure_repeats: int = 3  # at most, per candidate
+    remeasure_confidence: float = CONFIDENCE  # re-measuring stops once the verdict is this sure
     startup_timeout_s: float = 900.0
     runs_dir: Path = Path("runs")
     source: Path | None = None
@@ -258,6 +259,7 @@ def load_study(
 
     rm = top.table("remeasure")
     top_n, repeats = rm.integer("top", 2, at_least=0), rm.integer("repeats", 3, at_least=1)
+    confidence = rm.number("confidence", CONFIDENCE, above=0.5, at_most=0.999)
     rm.done()
 
     d = StudyDefinition(
@@ -278,6 +280,7 @@ def load_study(
         precheck=top.boolean("precheck", True),
         remeasure_top=top_n,
         remeasure_repeats=repeats,
+        remeasure_confidence=confidence,
         startup_timeout_s=startup,
         runs_dir=Path(top.string("runs_dir", str(default_runs_dir or "runs"))),
         source=p,

@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.engine.args import EngineArgs
 from autotune.measure.session import StepRecord
 from autotune.study.baselines import BaselinePoint
-from autotune.study.scoring import REMEASURE_RESOLUTION
+from autotune.study.posterior import Bracket, Posterior
+from autotune.study.scoring import CONFIDENCE, REMEASURE_RESOLUTION
 
 __all__ = [
     "Attr",
@@ -256,6 +257,14 @@ class Candidate:
     capacities: list[float] = field(default_factory=list)
     runs: list[list[StepRecord]] = field(default_factory=list)  # each run's load steps
     trial_load: float = 0.0  # the load its trial held last (its capacity / the base rate): where re-measuring starts
+    evidence: list[Bracket] = field(default_factory=list)  # what the search measured of this config
+
+    def brackets(self, resolution: float) -> list[Bracket]:
+        """Every measurement of the config: the search's, then each re-measured run's (from its load steps; a
+        capacity given without them is known to the ladder's step)."""
+        runs = [bracket_of(run) for run in self.runs]
+        given = [Bracket(c, c * resolution if c > 0 else None) for c in self.capacities[len(runs) :]]
+        return [*self.evidence, *runs, *given]
 
     @property
     def median(self) -> float:
@@ -290,6 +299,10 @@ class Remeasurement:
     trials_seen: int = 0  # trials in the study when it was made: a later trial makes it stale
     baseline_at_least: bool = False  # the baseline held every load of a run: no gain over it can be stated
     resolution: float = 1.0  # the re-measurement ladder's step: the noise is never less than the baseline's step
+    # the posterior's (study/posterior.py); None in a verdict stored before verdicts were probabilities
+    p_better: float | None = None  # P(the winner's capacity is above the baseline's)
+    p_within: float | None = None  # P(the recommended config is within WITHIN of the best candidate)
+    confidence: float | None = None  # the probability a gain must reach to be deployed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,6 +329,10 @@ class Remeasurement:
         return self.winner_trial if self.winner != self.baseline and not self.significant else None
 
     @property
+    def probability_words(self) -> str:
+        return f"P = {self.p_better:.2f} that it is better, {self.confidence:g} required"
+
+    @property
     def noise_words(self) -> str:
         """The noise and where it comes from: the spread of the runs, or the ladder's step where that is wider."""
         share = step_share(self.resolution)
@@ -334,6 +351,16 @@ class Remeasurement:
                 "max_steps finds the capacities)"
             )
         by = "at least " if (self.candidate(self.winner_trial) or {}).get("at_least") else ""
+        if self.p_better is not None:
+            if self.significant:
+                return (
+                    f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s "
+                    f"({self.probability_words}): deploy {self.winner}"
+                )
+            return (
+                f"no gain: {self.winner} leads {self.baseline} by {self.gain_rps:.2f} req/s, not surely "
+                f"({self.probability_words}): keep {self.baseline}"
+            )
         if self.significant:
             return (
                 f"{self.winner} beats {self.baseline} by {by}{self.gain_rps:.2f} req/s, more than the noise "
@@ -351,44 +378,74 @@ def step_share(resolution: float) -> float:
     return resolution - 1
 
 
-def judge(cands: list[Candidate], trials_seen: int = 0, resolution: float = REMEASURE_RESOLUTION) -> Remeasurement:
+WITHIN = 0.95  # a config this close to the best is as good as the best
+
+
+def bracket_of(run: Sequence[StepRecord]) -> Bracket:
+    """A run's capacity bracket: the highest load that held and the lowest above it that missed (loads the client
+    could not offer bound nothing)."""
+    low = max((s.rate for s in run if s.passed), default=0.0)
+    above = [s.rate for s in run if not s.passed and s.client_kept_up and s.rate > low]
+    return Bracket(low, min(above, default=None))
+
+
+def posterior_of(cands: Sequence[Candidate], resolution: float = REMEASURE_RESOLUTION) -> Posterior:
+    return Posterior.of([c.brackets(resolution) for c in cands])
+
+
+def judge(
+    cands: list[Candidate],
+    trials_seen: int = 0,
+    resolution: float = REMEASURE_RESOLUTION,
+    confidence: float = CONFIDENCE,
+) -> Remeasurement:
     """The verdict; the best baseline is the last candidate.
 
-    The winner goes by median, the baseline on a tie; a gain over the baseline no larger than the noise is not
-    significant: on a noisy host it could be luck. The noise is the wider spread of the two (``Candidate.spread``),
-    and never less than the ladder's step at the baseline's median: capacities one step apart may be the same.
-    Nor is a gain over a baseline that held every load it was offered: its capacity is above its median by an
-    unknown amount.
+    Every measurement of each candidate (its search's and its re-measured runs) goes into one posterior of their
+    capacities (``study/posterior.py``). The winner has the highest posterior median, the baseline on a tie; its gain
+    is deployed when the posterior gives it at least ``confidence`` of being better than the baseline. No gain is
+    stated over a baseline that held every load it was offered: its capacity is above its median by an unknown
+    amount. ``p_within`` is the probability that the config recommended is within WITHIN of the best candidate.
     """
-    base = cands[-1]
+    post = posterior_of(cands, resolution)
+    b = len(cands) - 1
+    # a candidate that held every load it was offered is known only to be at least its floor: it ranks there
+    medians = [
+        min(post.median(i), max(b.low for b in c.brackets(resolution))) if c.at_least else post.median(i)
+        for i, c in enumerate(cands)
+    ]
     # a tie goes to the baseline: a config as good as the known one is no reason to change anything
-    winner = max(cands, key=lambda c: (c.median, c is base))
-    noise = max(winner.spread, base.spread, step_share(resolution) * base.median)
-    gain = winner.median - base.median
+    w = max(range(len(cands)), key=lambda i: (medians[i], i == b))
+    winner, base = cands[w], cands[b]
+    p_better = post.p_better(w, b) if w != b else 0.0
     # a gain over a floor is unknown (the baseline may go further); a floor over a capacity is a gain of at least
-    floors = winner is not base and base.at_least
+    floors = w != b and base.at_least
+    significant = w != b and p_better >= confidence and not floors
     return Remeasurement(
         candidates=[
             {
                 "label": c.label,
                 "trial": c.trial_number,
                 "capacities": c.capacities,
-                "median": c.median,
+                "median": medians[i],
                 "spread": c.spread,
                 "runs": [[s.to_json() for s in run] for run in c.runs],
                 "at_least": c.at_least,
             }
-            for c in cands
+            for i, c in enumerate(cands)
         ],
         winner=winner.label,
         winner_trial=winner.trial_number,
         baseline=base.label,
-        gain_rps=gain,
-        noise_rps=noise,
-        significant=winner is not base and gain > noise and not floors,
+        gain_rps=medians[w] - medians[b],
+        noise_rps=post.sigma * medians[b],
+        significant=significant,
         trials_seen=trials_seen,
         baseline_at_least=floors,
         resolution=resolution,
+        p_better=p_better,
+        p_within=post.p_within(w if significant else b, WITHIN),
+        confidence=confidence,
     )
 
 
@@ -438,7 +495,9 @@ class StudyResult:
         c = self.remeasurement.candidate(r.number) if self.remeasurement is not None else None
         if c is not None:
             floor = "at least " if c.get("at_least") else ""
-            return c["median"], f"{floor}{c['median']:.2f} req/s (median of {len(c['capacities'])} re-measurements)"
+            return c[
+                "median"
+            ], f"{floor}{c['median']:.2f} req/s (posterior median, {len(c['capacities'])} re-measurements)"
         low, high = r.capacity_bracket
         said = f"at least {low:.2f} req/s" if high is None else f"{low:.2f} req/s (its next load, {high:.2f}, missed)"
         return low, said

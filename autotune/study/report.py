@@ -101,7 +101,7 @@ def verdict_line(result: StudyResult) -> str:
         win, base = r.candidate(w.number) or r.candidates[-1], r.candidates[-1]
         head = (
             f"Winner: trial {w.number} ({_config(w)}): {'at least ' if win.get('at_least') else ''}"
-            f"{win['median']:.2f} req/s within the SLOs (median of {len(win['capacities'])} runs)"
+            f"{win['median']:.2f} req/s within the SLOs (posterior median, {len(win['capacities'])} runs)"
         )
         if win is not base and not base.get("at_least"):  # a gain over a floor is unknown
             head += f", {_pct(win['median'], base['median'])} over {base['label']} ({base['median']:.2f} req/s)"
@@ -178,7 +178,7 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
                 "remeasured",
             )
         )
-    parts.append(_winner_files(d, w))
+    parts.append(_winner_files(d, w, result.capacity_of(w)[0]))
     top = w.capacity_step
     if top is not None:
         parts.append(
@@ -200,14 +200,15 @@ def _verdict(d: StudyDefinition, result: StudyResult) -> str:
     return "".join(parts)
 
 
-def _winner_files(d: StudyDefinition, w: TrialRecord) -> str:
-    """The winner as `autotune study` writes it (outputs.write_best), rendered here instead of written."""
+def _winner_files(d: StudyDefinition, w: TrialRecord, capacity: float) -> str:
+    """The winner as `autotune study` writes it (outputs.write_best), rendered here instead of written, with its
+    capacity as the study states it (StudyResult.capacity_of)."""
     kind = d.command.engine_kind
     env = redact(w.engine_args.env, d.secret_env) if Attr.ENGINE_ARGS in w.attrs else {}
     out = []
     if kind.config_file is not None and Attr.ENGINE_ARGS in w.attrs:
         header = [
-            f"autotune: best config of trial {w.number}, capacity {w.capacity_rps:.2f} req/s",
+            f"autotune: best config of trial {w.number}, capacity {capacity:.2f} req/s",
             f"run: {kind.config_usage} {kind.config_file}",
         ]
         if env:

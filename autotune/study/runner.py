@@ -54,6 +54,7 @@ from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.measurer import EngineMeasurer, Measurer
 from autotune.study.notes import save_notes
+from autotune.study.posterior import Bracket
 from autotune.study.records import (
     NO_MEASUREMENT,
     Attr,
@@ -63,6 +64,7 @@ from autotune.study.records import (
     TrialRecord,
     baseline_attrs,
     judge,
+    posterior_of,
 )
 from autotune.study.scoring import REMEASURE_RESOLUTION
 from autotune.study.space import Space, default_space
@@ -547,8 +549,23 @@ class StudyRun:
     def _notes(self, study: optuna.Study, _: FrozenTrial) -> None:
         save_notes(study, [s.text for s in self.d.slos])
 
+    @staticmethod
+    def _next_run(cands: list[Candidate], pick: int, measured: list[int]) -> int:
+        """The candidate to run next: the recommended one (``pick``) or the challenger most likely to beat it,
+        whichever has fewer measurements (the recommended one on a tie)."""
+        post = posterior_of(cands)
+        others = [i for i in range(len(cands)) if i != pick]
+        if not others:
+            return pick
+        challenger = max(others, key=lambda i: post.p_better(i, pick))
+        return challenger if measured[challenger] < measured[pick] else pick
+
     def remeasure(self, study: optuna.Study) -> Remeasurement | None:
-        """Re-measure the top candidates and the best baseline, interleaved; the winner goes by median."""
+        """Re-measure the top candidates and the best baseline until the posterior of their capacities knows the
+        verdict: P(the config it recommends is within 95 % of the best) reaches [remeasure] confidence, or each has
+        had ``repeats`` runs. Each run goes to the recommended config or its strongest challenger, whichever has
+        fewer measurements; the recommended one is measured at least twice in all (the search picked it for a high
+        measurement, which may have been luck)."""
         done = [r for r in map(TrialRecord.of, study.get_trials(deepcopy=False)) if r.feasible]
         sampled = sorted((r for r in done if not r.baseline and r.same_config_as is None), key=lambda r: -r.values[0])
         baselines = sorted((r for r in done if r.baseline), key=lambda r: -r.values[0])
@@ -562,32 +579,44 @@ class StudyRun:
         picks.append((f"baseline {baselines[0].baseline}", baselines[0]))
         base_rate = self.steps.base.rate
         cands = [
-            Candidate(label, r.number, r.engine_args.revealed(self.d.fixed.env), trial_load=r.values[0] / base_rate)
+            Candidate(
+                label,
+                r.number,
+                r.engine_args.revealed(self.d.fixed.env),
+                trial_load=r.values[0] / base_rate,
+                evidence=[Bracket(*t.capacity_bracket) for t in done if t.engine_args == r.engine_args],
+            )
             for label, r in picks
         ]
+        budget = self.d.remeasure_repeats * len(cands)
+        confidence = self.d.remeasure_confidence
         self.notice(
-            f"re-measuring {', '.join(c.label for c in cands)}, {self.d.remeasure_repeats} times each, "
-            f"interleaved, each from its trial's capacity in steps of {REMEASURE_RESOLUTION:g}x: "
-            "the winner goes by median, and a gain must beat the noise"
+            f"re-measuring {', '.join(c.label for c in cands)}, each from its trial's capacity in steps of "
+            f"{REMEASURE_RESOLUTION:g}x, until P(the config recommended is within 95 % of the best) reaches "
+            f"{confidence:g}, at most {budget} runs"
         )
-        for rep in range(self.d.remeasure_repeats):
-            for c in cands:
-                self.show(f"re-measuring {c.label} ({rep + 1}/{self.d.remeasure_repeats})")
-                log_dir = self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}"
-                out = self.measurer.measure(
-                    self.measurer.check(c.args),
-                    self.scoring.remeasure_profile(c.trial_load),
-                    log_dir=log_dir,
-                    on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
-                    cut_lost_steps=self._cut_lost_steps,
-                )
-                _raise_if_stopped()  # no verdict from an engine the stop killed
-                c.capacities.append(out.capacity_rps)
-                self.notice(
-                    f"re-measured {c.label} ({rep + 1}/{self.d.remeasure_repeats}): {out.capacity_rps:.2f} req/s"
-                )
-                c.runs.append([s.record() for s in out.steps])
-        verdict = judge(cands, trials_seen=len(study.trials))  # a later trial makes this verdict stale
+        for n in range(budget):
+            verdict = judge(cands, len(study.trials), confidence=confidence)
+            pick = next(i for i, c in enumerate(cands) if c.trial_number == verdict.recommended_trial)
+            measured = [len(c.brackets(REMEASURE_RESOLUTION)) for c in cands]
+            if verdict.p_within is not None and verdict.p_within >= confidence and measured[pick] >= 2:
+                self.notice(f"re-measured enough after {n} runs: {verdict.sentence()}")
+                break
+            c = cands[self._next_run(cands, pick, measured)]
+            rep = len(c.capacities)
+            self.show(f"re-measuring {c.label} (run {n + 1} of at most {budget})")
+            out = self.measurer.measure(
+                self.measurer.check(c.args),
+                self.scoring.remeasure_profile(c.trial_load),
+                log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
+                on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
+                cut_lost_steps=self._cut_lost_steps,
+            )
+            _raise_if_stopped()  # no verdict from an engine the stop killed
+            c.capacities.append(out.capacity_rps)
+            c.runs.append([s.record() for s in out.steps])
+            self.notice(f"re-measured {c.label} (run {n + 1}): {out.capacity_rps:.2f} req/s")
+        verdict = judge(cands, len(study.trials), confidence=confidence)  # a later trial makes it stale
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
         save_notes(study, [s.text for s in self.d.slos])
         return verdict

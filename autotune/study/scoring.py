@@ -20,6 +20,7 @@ __all__ = ["Scoring", "Capacity", "Pareto", "KINDS", "REMEASURE_RESOLUTION", "sc
 # A re-measurement orders finalists that the trials' ladder (1.25x) could not tell apart: configs 5-20 % apart
 # measure alike on a shared 1.25x grid, so the median of repeats cannot order them (bench/README.md, issue 25).
 REMEASURE_RESOLUTION = 1.05
+CONFIDENCE = 0.9  # the probability a gain must reach before the study deploys it ([remeasure] confidence)
 
 
 class Scoring:
