@@ -102,6 +102,27 @@ _PORT_BASE = 20000
 _ports_given = 0
 
 
+def script(name: str):
+    """scripts/NAME.py imported as the module NAME (the scripts are no package; the benchmark's modules import each
+    other by name, as when run from scripts/)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, root / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """scripts/bench_search.py, the search benchmark."""
+    return script("bench_search")
+
+
 def free_port() -> int:
     import socket
 

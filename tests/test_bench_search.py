@@ -5,27 +5,13 @@ does not have); every measurement draws its own noise; a strategy is scored on t
 config it declares best. These tests check that separation, the noise and the score. Pure and in virtual time.
 """
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from autotune.measure.profiles import Ladder
 from autotune.sim.profiles import gpu_profile
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_search", ROOT / "scripts" / "bench_search.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_search"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_truth_is_drawn_per_seed_and_differs_from_the_guide_in_form(bench):

@@ -1,22 +1,14 @@
 """scripts/search_scores.py: the search benchmark's scores (the declared share at a budget, the restricted mean
 GPU-hours to 95 %) and their bootstrap intervals, on constructed runs whose answers are known."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import script
 
 
 @pytest.fixture(scope="module")
 def scores():
-    spec = importlib.util.spec_from_file_location("search_scores", ROOT / "scripts" / "search_scores.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["search_scores"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return script("search_scores")
 
 
 def run(curve, strategy="a", seed=0, scenario="s"):

@@ -2,10 +2,8 @@
 from outside the simulator. The hand-written file (bench/truths/hand-interaction-chat-8b-l20.jsonl) is a family the
 benchmark does not generate: two knobs whose effects depend on each other, and knobs that are inert."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 HAND = ROOT / "bench" / "truths" / "hand-interaction-chat-8b-l20.jsonl"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_search", ROOT / "scripts" / "bench_search.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_search"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
