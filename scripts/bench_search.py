@@ -15,12 +15,14 @@ For each scenario (model, GPU, workload, SLOs) and seed:
    which the truth meets every SLO without noise; the **optimum** is the best over the grid below
    (``truth_table``, cached under bench/search-truth/).
 2. **Every measurement draws its own noise**: a run's speed is a few percent off, and one run in twenty stalls
-   (``measurement_speed``). Measuring a config again draws again, which is what re-measurement narrows.
+   (``measurement_speed``), as common random numbers: the k-th measurement of a config draws the same speed in
+   every strategy's run. Measuring a config again draws again, which is what re-measurement narrows. A truth can
+   also come from a file (``--truth-file``, scripts/truth_file.py): a lookup of its expected metrics instead.
 3. **The strategies** measure configs only through the truth, as a GPU would answer (``TruthGpu.measure``,
    standing in for autotune's one measurement function; start-ups cost their time, failed ones too):
    - **autotune**: the real ``StudyRun`` as ``autotune study`` sets it up on a GPU host (baselines, simulate
      first with the *shipped* calibration, refit on every trial, race the incumbent, TPE once the simulator
-     stops), then its re-measurement of the top two and the best baseline, three times each;
+     stops), then its re-measurement of the top two and the best baseline until its verdict is sure;
    - **TPE**: the same runner without the simulator or the race, re-measurement included; **random**: Optuna's
      random sampler, no baselines (so nothing to re-measure against);
    - **auto_tune grid**: vLLM's benchmarks/auto_tune.sh: the highest gpu_memory_utilization that starts (found
