@@ -584,7 +584,13 @@ class StudyRun:
                 r.number,
                 r.engine_args.revealed(self.d.fixed.env),
                 trial_load=r.values[0] / base_rate,
-                evidence=[Bracket(*t.capacity_bracket) for t in done if t.engine_args == r.engine_args],
+                # what the search measured of the same config (a twin that took another trial's result is no
+                # measurement of its own)
+                evidence=[
+                    Bracket(*t.capacity_bracket)
+                    for t in done
+                    if t.engine_args == r.engine_args and t.same_config_as is None
+                ],
             )
             for label, r in picks
         ]
