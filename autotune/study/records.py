@@ -325,7 +325,7 @@ class Remeasurement:
 
     @property
     def leader_not_recommended(self) -> int | None:
-        """A searched config that led on the median by no more than the noise: kept, not recommended."""
+        """A searched config that led on the median but not surely enough to deploy: kept, not recommended."""
         return self.winner_trial if self.winner != self.baseline and not self.significant else None
 
     @property
@@ -512,7 +512,7 @@ class StudyResult:
 
     @property
     def leader(self) -> TrialRecord | None:
-        """The searched config that led the re-measurement by no more than the noise (not recommended), if any."""
+        """The searched config that led the re-measurement but not surely enough to deploy (not recommended), if any."""
         n = self.remeasurement.leader_not_recommended if self.remeasurement is not None else None
         return None if n is None else self.trial(n)
 
