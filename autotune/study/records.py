@@ -185,9 +185,8 @@ class TrialRecord:
     def capacity_bracket(self) -> tuple[float, float | None]:
         """Where the trial's capacity lies, in req/s: (the highest load that held, the lowest above it that
         missed; None: none missed, the capacity is a floor). A ladder resolves it to its step, no finer."""
-        low = self.capacity_rps
-        above = [s.rate for s in self.steps if not s.passed and s.client_kept_up and s.rate > low]
-        return low, min(above, default=None)
+        b = bracket_of(self.steps, self.capacity_rps)
+        return b.low, b.high
 
     @property
     def failure_class(self) -> str | None:
@@ -381,10 +380,11 @@ def step_share(resolution: float) -> float:
 WITHIN = 0.95  # a config this close to the best is as good as the best
 
 
-def bracket_of(run: Sequence[StepRecord]) -> Bracket:
-    """A run's capacity bracket: the highest load that held and the lowest above it that missed (loads the client
-    could not offer bound nothing)."""
-    low = max((s.rate for s in run if s.passed), default=0.0)
+def bracket_of(run: Sequence[StepRecord], low: float | None = None) -> Bracket:
+    """A run's capacity bracket: the highest load that held (``low`` where the caller knows it) and the lowest
+    above it that missed (loads the client could not offer bound nothing)."""
+    if low is None:
+        low = max((s.rate for s in run if s.passed), default=0.0)
     above = [s.rate for s in run if not s.passed and s.client_kept_up and s.rate > low]
     return Bracket(low, min(above, default=None))
 
