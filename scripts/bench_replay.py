@@ -1,17 +1,16 @@
 #!/usr/bin/env python3
-"""How accurate and how fast is the replay client? Measured against a server with known timings.
+"""At what rate does a load client start to set the numbers it measures? Measured against a server whose timings
+are exact, at rising rates, for autotune's replay and ``vllm bench serve`` side by side in one run.
 
-    .venv/bin/python scripts/bench_replay.py [--rates 300,500,700] [--seconds 10] [--out runs/bench_replay.json]
+    .venv/bin/python scripts/bench_replay.py [--rates 50,100,200,300,450,600] [--seconds 8] [--tokens 128]
+        [--workers 1,2] [--no-vllm] [--out runs/bench_replay.json]
 
-The fixed-timing server (autotune.sim.fixed_timing) runs in its own process, pinned to the
-second core; the client is pinned to the first, so "one core" is literal. Two parts:
-
-1. accuracy: 500 requests at 50 req/s, 16 tokens each, server TTFT 50 ms and ITL 10 ms; the
-   client's TTFT and ITL are compared per request with the times the server recorded for itself
-   (from reading the request to writing each chunk);
-2. capacity: evenly spaced open-loop arrivals at each rate for --seconds, 8 output tokens,
-   TTFT 20 ms, ITL 5 ms; reports completed requests/s, the lag between scheduled and actual
-   send (p50/p99), and the client's CPU time per request.
+The server (scripts/fixed_timing_server.js, Node: never the bottleneck) writes every stream's first token 5 ms
+after reading the request and one token every 5 ms after it, and records what it did. The client runs on the
+first core, the server on the second. Each row: the offered rate and output tokens/s; the client's TTFT p50 and
+p99 against the server's own (truth); TPOT p50 (truth 5 ms); the client's CPU per streamed token (start-up
+excluded); its loop lag p99 and whether autotune called the run client-bound. A client "holds" a rate while its
+p99 TTFT is within 2 ms of the truth's; the table ends with the highest rate each client held.
 """
 
 from __future__ import annotations
@@ -19,23 +18,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 
 from autotune.measure.metrics import summarize
 from autotune.measure.replay import ReplayOptions, run_replay
 from autotune.workload.trace import Request, Workload
 
+ROOT = Path(__file__).resolve().parent.parent
+TTFT_MS = ITL_MS = 5.0
+HOLD_MS = 2.0  # a client holds a rate while its p99 TTFT is this close to the server's
 
-def start_server(port: int, ttft_ms: float, itl_ms: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.sim.fixed_timing", "--port", str(port),
-                             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)])
-    if os.cpu_count() and os.cpu_count() > 1:
+
+def start_server(port: int) -> subprocess.Popen:
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        raise SystemExit("bench_replay: the fixed-timing server needs Node.js: apt-get install nodejs")
+    proc = subprocess.Popen([node, str(ROOT / "scripts/fixed_timing_server.js"), "--port", str(port),
+                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
+    if (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(proc.pid, {1})
     for _ in range(200):
         try:
@@ -43,76 +52,144 @@ def start_server(port: int, ttft_ms: float, itl_ms: float) -> subprocess.Popen:
                 return proc
         except httpx.TransportError:
             time.sleep(0.05)
-    raise SystemExit("fixed-timing server did not start")
+    raise SystemExit("bench_replay: the fixed-timing server did not start")
 
 
-def even(n: int, rate: float, out: int, tag: str) -> Workload:
-    return Workload(tuple(Request(i / rate, out, prompt=f"{tag}-{i}") for i in range(n)))
+def truth(url: str) -> np.ndarray:
+    """The server's TTFTs (s) since it was last asked; the server's own lateness is checked on the way."""
+    seen = httpx.get(url + "/truth", timeout=30).json()
+    late = max((v["late"] for v in seen.values()), default=0.0)
+    if late > 0.002:
+        print(f"  (the server itself ran {late * 1000:.1f} ms late: this row's truth is not exact)")
+    return np.array([v["ttft"] for v in seen.values()])
 
 
-def accuracy(port: int) -> dict:
-    server = start_server(port, 50.0, 10.0)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        rep = run_replay(url, even(500, 50.0, 16, "acc"), ReplayOptions(warmup_requests=8))
-        truth = httpx.get(url + "/truth").json()
-    finally:
-        server.terminate()
-        server.wait()
-    runs = {k.rsplit("-", 1)[0] for k in truth if k.startswith("autotune-")}
-    run = max(runs)
-    ttft = np.array([r.ttft - truth[f"{run}-{r.index}"]["ttft"] for r in rep.results])
-    itl = np.array([a - b for r in rep.results for a, b in zip(r.itl, truth[f"{run}-{r.index}"]["itl"])])
-
-    def stats(x: np.ndarray) -> dict:
-        a = np.abs(x) * 1000
-        return {"mean_ms": float(a.mean()), "p50_ms": float(np.percentile(a, 50)),
-                "p99_ms": float(np.percentile(a, 99)), "bias_ms": float(x.mean() * 1000)}
-
-    return {"requests": len(rep.results), "failed": sum(not r.success for r in rep.results),
-            "ttft_error": stats(ttft), "itl_error": stats(itl)}
+def even(n: int, rate: float, tokens: int) -> Workload:
+    return Workload(tuple(Request(i / rate, tokens, prompt=f"request {i}") for i in range(n)))
 
 
-def capacity(port: int, rate: float, seconds: float) -> dict:
-    server = start_server(port, 20.0, 5.0)
-    try:
-        n = int(rate * seconds)
-        cpu0 = time.process_time()
-        rep = run_replay(f"http://127.0.0.1:{port}", even(n, rate, 8, f"cap{rate}"), ReplayOptions(warmup_requests=16))
-        cpu = time.process_time() - cpu0
-    finally:
-        server.terminate()
-        server.wait()
+def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: int) -> dict:
+    me = psutil.Process()
+    options = ReplayOptions(warmup_requests=8, workers=workers)
+    run_replay(url, even(8, 100.0, tokens), options)  # start-up: imports, connections, workers
+    truth(url)
+    cpu0 = _cpu(me)
+    rep = run_replay(url, even(int(rate * seconds), rate, tokens), options)
+    cpu = _cpu(me) - cpu0 - rep.startup_cpu_s
     s = summarize(rep.results)
-    return {"rate": rate, "requests": n, "failed": s.failed, "completed_rps": s.request_throughput,
-            "send_lag_p50_ms": s.send_lag.p50 * 1000, "send_lag_p99_ms": s.send_lag.p99 * 1000,
-            "client_cpu_ms_per_request": cpu / n * 1000}
+    return {"client": f"autotune, {workers} worker{'s' if workers > 1 else ''}", "rate": rate,
+            "output_tok_s": s.output_throughput, "failed": s.failed, "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99,
+            "tpot_p50": s.tpot.p50, "cpu_us_per_token": cpu / max(s.output_tokens, 1) * 1e6,
+            "loop_lag_p99": rep.loop_lag.p99, "client_bound": rep.client_bound(), "truth": truth(url)}
 
 
-def main() -> None:
+def _cpu(p: psutil.Process) -> float:
+    """CPU seconds of this process and its children, living or reaped."""
+    total = sum(p.cpu_times()[:4])
+    for c in p.children(recursive=True):
+        try:
+            total += sum(c.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def vllm_row(url: str, rate: float, seconds: float, tokens: int, tokenizer: Path, tmp: Path) -> dict | None:
+    exe = Path(sys.executable).parent / "vllm"
+    if not exe.exists():
+        return None
+    n = int(rate * seconds)
+
+    def bench(prompts: int, req_rate: float) -> tuple[dict, float]:
+        argv = [str(exe), "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+                "--model", "fixed-timing", "--tokenizer", str(tokenizer), "--dataset-name", "random",
+                "--random-input-len", "16", "--random-output-len", str(tokens), "--random-range-ratio", "0",
+                "--num-prompts", str(prompts), "--request-rate", str(req_rate), "--burstiness", "1000", "--seed", "0",
+                "--ignore-eos", "--disable-tqdm", "--num-warmups", "0", "--percentile-metrics", "ttft,tpot",
+                "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(tmp),
+                "--result-filename", "vllm-bench.json"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), "XDG_CACHE_HOME": str(tmp / "cache")}
+        proc = psutil.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        if (os.cpu_count() or 1) > 1:
+            proc.cpu_affinity([0])
+        cpu = 0.0
+        while proc.poll() is None:
+            try:
+                cpu = _cpu(proc)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench_replay: vllm bench serve failed (exit {proc.returncode})")
+        return json.loads((tmp / "vllm-bench.json").read_text()), cpu
+
+    _, startup_cpu = bench(1, 100.0)  # its start-up alone (imports, tokenizer, one request)
+    truth(url)
+    result, cpu = bench(n, rate)
+    return {"client": "vllm bench serve", "rate": rate, "output_tok_s": result["output_throughput"],
+            "failed": result["failed"], "ttft_p50": result["median_ttft_ms"] / 1000,
+            "ttft_p99": result["p99_ttft_ms"] / 1000, "tpot_p50": result["median_tpot_ms"] / 1000,
+            "cpu_us_per_token": (cpu - startup_cpu) / max(result["total_output_tokens"], 1) * 1e6,
+            "loop_lag_p99": None, "client_bound": None, "truth": truth(url)}
+
+
+def held(row: dict) -> bool:
+    return row["failed"] == 0 and row["ttft_p99"] - float(np.percentile(row["truth"], 99)) <= HOLD_MS / 1000
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rates", default="300,500,700")
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rates", default="50,100,200,300,450,600")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
+    ap.add_argument("--workers", default="1,2", help="autotune's worker counts to compare")
     ap.add_argument("--port", type=int, default=8291)
+    ap.add_argument("--no-vllm", action="store_true", help="leave vllm bench serve out")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_replay.json"))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    rates = [float(x) for x in a.rates.split(",")]
     os.sched_setaffinity(0, {0})
-    acc = accuracy(a.port)
-    print(f"accuracy ({acc['requests']} requests, {acc['failed']} failed), |client - server| in ms:")
-    for k in ("ttft_error", "itl_error"):
-        e = acc[k]
-        print(f"  {k.split('_')[0].upper():5} mean {e['mean_ms']:.2f}  p50 {e['p50_ms']:.2f}  p99 {e['p99_ms']:.2f}  (bias {e['bias_ms']:+.2f})")
-    caps = []
-    print("capacity (one core, 8-token streams):")
-    print("  rate req/s | completed req/s | failed | send lag p50 ms | p99 ms | client CPU ms/request")
-    for rate in (float(x) for x in a.rates.split(",")):
-        c = capacity(a.port, rate, a.seconds)
-        caps.append(c)
-        print(f"  {rate:10.0f} | {c['completed_rps']:15.1f} | {c['failed']:6d} | {c['send_lag_p50_ms']:15.2f} | "
-              f"{c['send_lag_p99_ms']:6.2f} | {c['client_cpu_ms_per_request']:.2f}")
+    server = start_server(a.port)
+    url = f"http://127.0.0.1:{a.port}"
+    rows: list[dict] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = Path(tmp) / "tiny-llama"
+            if not a.no_vllm:
+                subprocess.run([sys.executable, str(ROOT / "scripts/build_tiny_model.py"), str(tokenizer)],
+                               check=True, stdout=subprocess.DEVNULL)
+            print(f"{'client':<22}{'req/s':>7}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>8}{'truth p99':>11}"
+                  f"{'TPOT p50':>10}{'CPU us/tok':>12}{'loop lag p99':>14}  verdict")
+            for rate in rates:
+                for w in (int(x) for x in a.workers.split(",")):
+                    rows.append(autotune_row(url, rate, a.seconds, a.tokens, w))
+                    _print(rows[-1])
+                if not a.no_vllm and (row := vllm_row(url, rate, a.seconds, a.tokens, tokenizer, Path(tmp))):
+                    rows.append(row)
+                    _print(row)
+    finally:
+        server.terminate()
+        server.wait()
+    print(f"highest rate whose p99 TTFT stays within {HOLD_MS:.0f} ms of the server's:")
+    for client in dict.fromkeys(r["client"] for r in rows):
+        ok = [r for r in rows if r["client"] == client and held(r)]
+        best = max(ok, key=lambda r: r["rate"]) if ok else None
+        print(f"  {client:<22}" + (f"{best['rate']:.0f} req/s, {best['output_tok_s']:,.0f} output tok/s" if best
+                                   else "none of the rates tried"))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"accuracy": acc, "capacity": caps}, indent=2) + "\n")
+    a.out.write_text(json.dumps([{**r, "truth": None, "truth_ttft_p99": float(np.percentile(r["truth"], 99))}
+                                 for r in rows], indent=2) + "\n")
+    return 0
+
+
+def _print(r: dict) -> None:
+    ms = lambda x: "-" if x is None else f"{x * 1000:.1f}"  # noqa: E731
+    verdict = ("holds" if held(r) else "drifts") + (", client-bound" if r["client_bound"] else "")
+    print(f"{r['client']:<22}{r['rate']:>7.0f}{r['output_tok_s']:>11,.0f}{ms(r['ttft_p50']):>10}{ms(r['ttft_p99']):>8}"
+          f"{ms(float(np.percentile(r['truth'], 99))):>11}{ms(r['tpot_p50']):>10}{r['cpu_us_per_token']:>12.1f}"
+          f"{ms(r['loop_lag_p99']):>14}  {verdict}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

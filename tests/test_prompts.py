@@ -20,13 +20,40 @@ def test_exact_token_counts(builder, n):
 def test_shared_prefix_and_distinct_suffixes(builder):
     w = synthesize("chat", rate=10, num_requests=12, seed=1)
     m = materialize(w, builder)
+    newline = builder.tok.count("\n")
     by_group = {}
     for r in m.requests:
         by_group.setdefault(r.prefix_group, set()).add(r.prefix)
-        full = r.prefix + "\n" + r.prompt
-        assert builder.tok.count(full) == pytest.approx(r.prompt_tokens, abs=2)
+        assert builder.tok.count(r.prefix) == r.prefix_tokens
+        assert builder.tok.count(r.prefix + "\n" + r.prompt) == r.prompt_tokens + newline  # as /v1/completions sends it
     assert all(len(texts) == 1 for texts in by_group.values())
     assert len({r.prompt for r in m.requests}) == len(m)  # no accidental sharing
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_shipped_scenario_gets_its_exact_lengths(builder, scenario):
+    m = materialize(synthesize(scenario, rate=10, num_requests=60, seed=3), builder)
+    for r in m.requests:
+        assert builder.tok.count(r.prompt) == r.prompt_tokens - r.prefix_tokens
+
+
+def test_a_tokenizer_that_merges_across_words_gets_corrected_texts(tmp_path):
+    """Without a pre-tokenizer a BPE merges across spaces, so words joined are not one token each: the builder
+    sees that and checks each text by re-encoding instead."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, trainers
+
+    words = "alpha beta gamma delta epsilon zeta theta iota kappa lambda sigma omega".split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
+    hf = HFTokenizer(models.BPE())
+    hf.decoder = decoders.Metaspace()
+    hf.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    merging = PromptBuilder(load_tokenizer(tmp_path))
+    assert not merging.joins_exactly
+    for n in (1, 5, 40):
+        for seed in range(3):
+            assert merging.tok.count(merging.text(n, seed)) == n
 
 
 def test_scenarios_have_their_shapes():

@@ -1,9 +1,9 @@
 """Prompt text of an exact length in the model's own tokens.
 
 Synthetic workloads and token-count traces say how long a prompt is, not what it says. The
-text is built from whole-word tokens of the model's vocabulary and checked by re-encoding, so
-the server sees the length the trace asked for (chat templates add their own few tokens on
-top, as they would in production). Requests of one ``prefix_group`` share the same prefix
+text is built from whole-word tokens of the model's vocabulary (``PromptBuilder`` says how its
+length is kept exact), so the server sees the length the trace asked for (chat templates add
+their own few tokens on top, as they would in production). Requests of one ``prefix_group`` share the same prefix
 text, so prefix caching sees real sharing; each request's own part is different, so it does
 not see accidental sharing.
 """
@@ -48,6 +48,13 @@ class Tokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each token's own text."""
+        return self._tok.decode_batch([[i] for i in ids], skip_special_tokens=True)
+
     @property
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=False)
@@ -65,37 +72,61 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
 
 
 class PromptBuilder:
+    """Texts of an exact token count, from whole-word tokens of the model's vocabulary.
+
+    A whole-word token ("Ġword" in byte-level BPE, "▁word" in sentencepiece) whose text encodes alone to itself
+    is kept. Where the tokenizer's pre-tokenizer splits text at the space before a word (every byte-level and
+    Metaspace tokenizer does, which the builder checks once on a sample of its words), n such words joined are n
+    tokens: the text is built by joining their strings, with no encode per prompt. A tokenizer that merges
+    across words instead gets texts checked and corrected by re-encoding, which is exact but slower.
+    """
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tok = tokenizer
-        # Whole-word tokens ("Ġword" in byte-level BPE, "▁word" in sentencepiece) re-encode to
-        # themselves when joined, which keeps lengths exact with few corrections.
-        words = []
-        for piece, i in self.tok.vocab.items():
-            if piece[:1] in ("Ġ", "▁") and piece[1:].isalpha() and len(piece) > 2:
-                words.append(i)
-        if len(words) < 50:  # an unusual vocabulary: fall back to any token
-            words = sorted(self.tok.vocab.values())
-        if not words:
-            raise ConfigError(f"the tokenizer {self.tok.path} has an empty vocabulary: prompts cannot be built with it")
-        self._words = np.asarray(sorted(words))
+        candidates = sorted(i for piece, i in tokenizer.vocab.items() if piece[:1] in ("Ġ", "▁") and len(piece) > 2)
+        # a sentencepiece decoder drops the space of a text's first token: each word's text is its space and word
+        texts = [" " + t.lstrip(" ") for t in tokenizer.decode_each(candidates)]
+        kept = [
+            (i, t)
+            for i, t, ids in zip(candidates, texts, tokenizer.encode_batch(texts), strict=True)
+            if t[1:].isalpha() and ids == [i]
+        ]
+        if len(kept) < 50:  # an unusual vocabulary: any token, checked and corrected per text
+            ids = sorted(tokenizer.vocab.values())
+            kept = list(zip(ids, tokenizer.decode_each(ids), strict=True))
+        if not kept:
+            raise ConfigError(f"the tokenizer {tokenizer.path} has an empty vocabulary: prompts cannot be built with it")
+        self._ids = np.asarray([i for i, _ in kept])
+        self._texts = np.asarray([t for _, t in kept], dtype=object)
+        self.joins_exactly = self._joins_exactly()
+
+    def _joins_exactly(self) -> bool:
+        """Whether words joined encode to the words, alone and after a prefix's closing newline."""
+        order = np.random.default_rng(0).permutation(len(self._ids))[:4000]
+        ids, text = self._ids[order].tolist(), "".join(self._texts[order])
+        newline = self.tok.encode("\n")
+        return self.tok.encode(text) == ids and self.tok.encode(text + "\n" + text) == ids + newline + ids
 
     def text(self, n_tokens: int, seed: str | int, separator: str = "") -> str:
-        """A text of exactly ``n_tokens`` tokens (when the tokenizer allows; else the closest below)."""
+        """A text of exactly ``n_tokens`` tokens after ``separator`` (when the tokenizer allows; else the closest
+        below). The separator is a shared prefix and its closing newline; it is not part of the text."""
         if n_tokens <= 0:
             return ""
         rng = np.random.default_rng(_seed(seed))
-        ids = rng.choice(self._words, size=n_tokens).tolist()
-        text = self.tok.decode(ids).lstrip()
+        text = "".join(self._texts[rng.integers(len(self._ids), size=n_tokens)])
+        return text if self.joins_exactly else self._corrected(text, n_tokens, rng, separator)
+
+    def _corrected(self, text: str, n_tokens: int, rng: np.random.Generator, separator: str) -> str:
+        base = len(self.tok.encode(separator)) if separator else 0
         for _ in range(8):
-            got = self.tok.encode(separator + text)
-            diff = n_tokens - (len(got) - len(self.tok.encode(separator)) if separator else len(got))
+            diff = n_tokens - (len(self.tok.encode(separator + text)) - base)
             if diff == 0:
-                return text
+                break
             if diff < 0:
-                ids = self.tok.encode(text)[: max(len(self.tok.encode(text)) + diff, 1)]
-                text = self.tok.decode(ids)
+                ids = self.tok.encode(text)
+                text = self.tok.decode(ids[: max(len(ids) + diff, 1)])
             else:
-                text += self.tok.decode(rng.choice(self._words, size=diff).tolist())
+                text += "".join(self._texts[rng.integers(len(self._ids), size=diff)])
         return text
 
 
