@@ -203,22 +203,19 @@ def test_a_replay_that_can_still_pass_runs_to_its_end():
     assert len(asked) >= 2  # it was asked along the way, and said to go on
 
 
-def test_sse_lines_end_only_where_server_sent_events_end_them():
-    """CRLF, LF or CR end a line, a CRLF split across two chunks included; U+2028, U+0085 and the other
+def test_sse_events_end_lines_only_where_server_sent_events_end_them():
+    """CRLF, LF or CR end a line, a CRLF split across two reads included; U+2028, U+0085 and the other
     str.splitlines boundaries are text, as JSON carries them unescaped inside a token."""
-    import asyncio
+    from autotune.measure.replay import SseEvents
 
-    from autotune.measure.replay import sse_lines
+    def events(*reads):
+        e = SseEvents()
+        return [x for r in reads for x in e.feed(r)] + e.close()
 
-    async def lines(*chunks):
-        async def gen():
-            for c in chunks:
-                yield c
-        return [line async for line in sse_lines(gen())]
-
-    data = 'data: {"text": "a\u2028b\x85c\x1cd"}'
-    assert asyncio.run(lines(data + "\r", "\n\r\n", "data: [DONE]\n\n")) == [data, "", "data: [DONE]", ""]
-    assert asyncio.run(lines("data: x\rdata: y\n", "data: z")) == ["data: x", "data: y", "data: z"]
+    data = 'data: {"text": "a\u2028b\x85c\x1cd"}'.encode()
+    assert events(data + b"\r", b"\n\r\n", b"data: [DONE]\n\n") == [data[5:].strip(), b"[DONE]"]
+    assert events(b"data: x\rdata: y\n", b"data: z") == [b"x", b"y", b"z"]
+    assert events(b"da", b"ta: {\"a\"", b":1}\n", b": ping\n\n") == [b'{"a":1}']  # split anywhere; comments dropped
 
 
 def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request():
@@ -239,12 +236,29 @@ def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request
     assert "\u2028".encode() in body  # raw, as vLLM sends it
 
     async def go():
-        transport = httpx.MockTransport(lambda request: httpx.Response(
-            200, headers={"content-type": "text/event-stream"}, content=body))
-        async with httpx.AsyncClient(base_url="http://vllm", transport=transport) as client:
-            result = RequestResult(index=0, scheduled_s=0.0, sent_s=0.0, success=False)
-            await _stream_one(client, Request(0.0, 2, prompt="hi"), "m", result)
-            return result
+        from aiohttp import web
+
+        from autotune.measure.replay import ReplayOptions, _session
+
+        async def stream(request):
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(body)
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with _session(ReplayOptions()) as session:
+                result = RequestResult(index=0, scheduled_s=0.0, sent_s=0.0, success=False)
+                await _stream_one(session, f"http://127.0.0.1:{port}/v1/completions", b"{}", result)
+                return result
+        finally:
+            await runner.cleanup()
 
     result = asyncio.run(go())
     assert result.success and result.error == "" and result.output_tokens == 2 and len(result.itl) == 1

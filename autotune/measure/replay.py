@@ -6,33 +6,67 @@ optional concurrency cap holds requests back (their send lag then shows it). Eac
 streams with ``ignore_eos`` and ``max_tokens`` so output lengths follow the workload, and
 ``stream_options.include_usage`` so token counts come from the server. Timing follows
 ``vllm bench serve`` (see metrics.py). The replayer knows HTTP and the workload, nothing else.
+
+One event loop on one core times about TOKENS_PER_WORKER streamed tokens a second before its own lag reads as
+latency. Past that the requests are split across worker processes (``workers_for``), each with its own event loop
+and connections, every request keeping its scheduled send time on the one monotonic clock the processes share;
+their results merge into one replay. Every loop watches its own lag (how late a periodic timer fires): a replay
+whose loops ran late (``Replay.client_bound``) timed the client, not only the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import functools
 import json
-import re
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import socket
 import ssl
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from autotune.engine.launcher import raise_if_interrupted
 from autotune.errors import MeasurementError
-from autotune.measure.metrics import RequestResult
+from autotune.measure.metrics import Distribution, RequestResult
 from autotune.workload.eventloop import event_loop_factory
 from autotune.workload.trace import Request, Workload
 
-__all__ = ["ReplayOptions", "Replay", "GiveUp", "replay", "run_replay", "discover_model", "warm_up", "payload_for"]
+__all__ = [
+    "ReplayOptions",
+    "Replay",
+    "GiveUp",
+    "replay",
+    "run_replay",
+    "discover_model",
+    "payload_for",
+    "workers_for",
+    "CLIENT_LAG_S",
+]
 
 # The first sends are scheduled this far ahead, so that creating tasks never makes them late.
 _START_DELAY_S = 0.02
+LAG_TICK_S = 0.005  # how often each event loop checks its own lag
+# An event loop whose timer fires later than this (p99) delays reading what the server sent by as much: the client
+# then sets part of the latency it measures. uvloop on an idle core: about 0.5 ms.
+CLIENT_LAG_S = 0.002
+# Output tokens/s one worker process streams and times within CLIENT_LAG_S on one core, with room to spare
+# (bench/README.md, "Replay client"): the auto worker count gives each worker at most this many.
+TOKENS_PER_WORKER = 10_000
+_FLUSH_S = 0.05  # how often a worker process sends its results so far to the replay
 
 
 @dataclass(frozen=True)
@@ -44,6 +78,7 @@ class ReplayOptions:
     warmup_output_tokens: int = 16
     model: str | None = None  # the served model name; asked from /v1/models when not given
     api_key: str | None = None
+    workers: int | None = None  # processes that send and time the requests; None: as many as workers_for says
 
 
 @dataclass
@@ -54,6 +89,12 @@ class Replay:
     wall_s: float  # the replay's own duration, warm-up excluded
     warmup_s: float
     cut: str = ""  # why the replay stopped before its last request (``give_up``); "" when it ran to the end
+    loop_lag: Distribution = field(default_factory=lambda: Distribution.of([]))  # how late the loops' timers fired
+    workers: int = 1
+
+    def client_bound(self, bound_s: float = CLIENT_LAG_S) -> bool:
+        """The client's own lag (p99 over its event loops) exceeded ``bound_s``: it set part of what it measured."""
+        return (self.loop_lag.p99 or 0.0) > bound_s
 
 
 # (results so far, requests in the workload, seconds since the replay started) -> why to stop now, or None
@@ -87,70 +128,110 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()  # built once: loading the CA store costs ~20 ms
 
 
-def _client(url: str, options: ReplayOptions) -> httpx.AsyncClient:
-    """An httpx client on aiohttp's transport.
-
-    httpx's own transport (httpcore + h11, pure Python) costs about twice the CPU per request
-    and per streamed chunk; with it one core cannot keep an open loop of hundreds of
-    requests/s on schedule. httpx-aiohttp keeps the httpx API and uses aiohttp's C parser.
-    """
-    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
-    cap = options.max_concurrency or 0  # aiohttp: 0 = no limit; an open loop must not queue in the client
-
-    def session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cap, ssl=_tls()),
-            trust_env=False,  # a proxy from the environment would sit between us and localhost
-        )
-
-    return httpx.AsyncClient(
-        base_url=url,
-        headers=headers,
-        timeout=httpx.Timeout(options.request_timeout_s, connect=10.0),
-        transport=AiohttpTransport(client=session),
-        trust_env=False,
+def _session(options: ReplayOptions) -> aiohttp.ClientSession:
+    """An aiohttp session, with nothing above its C HTTP parser on the path every streamed token takes (httpx over
+    it, with its own iterators, cost about twice the CPU per token)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=options.max_concurrency or 0, ssl=_tls()),  # 0: no limit (open loop)
+        headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
+        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=10.0),
+        trust_env=False,  # a proxy from the environment would sit between us and localhost
     )
 
 
-async def discover_model(client: httpx.AsyncClient) -> str:
+async def discover_model(session: aiohttp.ClientSession, url: str) -> str:
     try:
-        resp = await client.get("/v1/models", timeout=10.0)
-        resp.raise_for_status()
-        return resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-        raise MeasurementError(f"cannot list the served models at {client.base_url}/v1/models: {e}") from e
+        async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
+            resp.raise_for_status()
+            return (await resp.json(content_type=None))["data"][0]["id"]
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise MeasurementError(f"cannot list the served models at {url}/v1/models: {_error_text(e)}") from e
 
 
-_SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """A text stream's lines as Server-Sent Events end them: CRLF, LF or CR, nothing else. httpx's ``aiter_lines``
-    also ends a line at U+2028, U+0085 and the other ``str.splitlines`` boundaries, which JSON carries unescaped
-    inside a token's text: a model that writes one would cut its own data line in two."""
-    pending = ""
-    async for text in chunks:
-        pending += text
-        # a CR at the end may be the first half of a CRLF: it waits for the next chunk
-        end = len(pending) - 1 if pending.endswith("\r") else len(pending)
-        *lines, rest = _SSE_LINE_END.split(pending[:end])
-        pending = rest + pending[end:]
-        for line in lines:
-            yield line
-    if last := pending.rstrip("\r"):
-        yield last
+class SseEvents:
+    """The data of Server-Sent Events, from a byte stream read in arbitrary pieces: lines end at CRLF, LF or CR
+    and nothing else (U+2028 and the other ``str.splitlines`` boundaries are text, which JSON carries unescaped
+    inside a token's text)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The data fields of the lines ``data`` completes."""
+        buf = self._pending + data
+        if b"\r" in buf:
+            # a CR at the end may be the first half of a CRLF: it waits for the next piece
+            keep = buf.endswith(b"\r")
+            buf = buf[:-1] if keep else buf
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
+        *lines, self._pending = buf.split(b"\n")
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+    def close(self) -> list[bytes]:
+        """The data field of a last line the stream did not end."""
+        last, self._pending = self._pending.rstrip(b"\r"), b""
+        return [last[5:].strip()] if last.startswith(b"data:") else []
+
+
+# What a token event of vLLM's compact JSON holds, found without decoding the event (a JSON string cannot hold it
+# unescaped): every other event (usage, an error, another server's spacing) is decoded in full.
+_TOKEN_EVENT = b'"choices":[{'
+
+
+def workers_for(workload: Workload, options: ReplayOptions) -> int:
+    """How many worker processes replay ``workload``: ``options.workers`` when given, else enough that none streams
+    more than TOKENS_PER_WORKER output tokens a second, and at most a quarter of the cores this process may use (the
+    engine's own processes need the rest); 1 (in this process) where that suffices."""
+    if options.workers is not None:
+        return max(options.workers, 1)
+    reqs = workload.requests
+    span = (reqs[-1].arrival_s - reqs[0].arrival_s) / options.load if len(reqs) > 1 else 0.0
+    if span <= 0:
+        return 1
+    tokens_per_s = sum(r.output_tokens for r in reqs) / span
+    return max(1, min(math.ceil(tokens_per_s / TOKENS_PER_WORKER), len(os.sched_getaffinity(0)) // 4))
+
+
+@dataclass(frozen=True)
+class _Send:
+    """One request ready to leave: when (seconds after the replay starts), where, its JSON body encoded."""
+
+    index: int
+    scheduled_s: float
+    path: str
+    body: bytes
+    expected_output_tokens: int
+
+
+def _sends(workload: Workload, model: str, load: float) -> list[_Send]:
+    """Every request of ``workload``, encoded ahead of its send so that the send costs nothing but the send."""
+    t0 = workload.requests[0].arrival_s
+    out = []
+    for i, r in enumerate(workload.requests):
+        path, body = payload_for(r, model)
+        out.append(_Send(i, (r.arrival_s - t0) / load, path, json.dumps(body).encode(), r.output_tokens))
+    return out
+
+
+def _warm_up_sends(workload: Workload, model: str, options: ReplayOptions) -> list[_Send]:
+    n, tokens = options.warmup_requests, options.warmup_output_tokens
+    reqs = [workload.requests[i % len(workload)] for i in range(max(n, 0))]
+    return [_Send(i, 0.0, *_encoded(payload_for(r, model, tokens)), tokens) for i, r in enumerate(reqs)]
+
+
+def _encoded(payload: tuple[str, dict]) -> tuple[str, bytes]:
+    return payload[0], json.dumps(payload[1]).encode()
 
 
 async def _stream_one(
-    client: httpx.AsyncClient,
-    r: Request,
-    model: str,
-    result: RequestResult,
-    max_tokens: int | None = None,
-    request_id: str | None = None,
+    session: aiohttp.ClientSession, url: str, content: bytes, result: RequestResult, request_id: str | None = None
 ) -> None:
-    path, body = payload_for(r, model, max_tokens)
-    content = json.dumps(body).encode()
+    """Send one request and time its stream into ``result``: TTFT at the first event with choices, ITL between
+    such events (every event of one read from the socket takes that read's time), token counts from usage."""
     headers = {"content-type": "application/json"}
     if request_id is not None:
         headers["x-request-id"] = request_id  # vLLM logs it; test servers key their records on it
@@ -158,21 +239,31 @@ async def _stream_one(
     last = st
     first = True
     chunks = 0
+    events = SseEvents()
     try:
-        async with client.stream("POST", path, content=content, headers=headers) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode("utf-8", "replace")[:300]
-                result.error = f"HTTP {resp.status_code}: {text}"
+        async with session.post(url, data=content, headers=headers) as resp:
+            if resp.status != 200:
+                text = (await resp.read()).decode("utf-8", "replace")[:300]
+                result.error = f"HTTP {resp.status}: {text}"
                 return
-            async for line in sse_lines(resp.aiter_text()):
-                if not line.startswith("data:"):
-                    continue  # blank separators and ": ping" comments
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+            done = False
+            while not done:
+                data = await resp.content.readany()
                 ts = time.perf_counter()
-                msg = json.loads(data)
-                if msg.get("choices"):
+                for event in events.feed(data) if data else events.close():
+                    if event == b"[DONE]":
+                        done = True
+                        break
+                    if _TOKEN_EVENT not in event:
+                        msg = json.loads(event)
+                        if not msg.get("choices"):
+                            if usage := msg.get("usage"):
+                                result.output_tokens = int(usage.get("completion_tokens") or 0)
+                                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                            elif "error" in msg:
+                                result.error = f"server error in stream: {msg['error']}"
+                                return
+                            continue
                     if first:
                         result.ttft = ts - st
                         first = False
@@ -180,16 +271,11 @@ async def _stream_one(
                         result.itl.append(ts - last)
                     last = ts
                     chunks += 1
-                elif usage := msg.get("usage"):
-                    result.output_tokens = int(usage.get("completion_tokens") or 0)
-                    result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                elif "error" in msg:
-                    result.error = f"server error in stream: {msg['error']}"
-                    return
-    except httpx.HTTPError as e:
-        result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                done = done or not data
+    except (aiohttp.ClientError, TimeoutError) as e:
+        result.error = _error_text(e)
         return
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         result.error = f"malformed SSE data: {e}"
         return
     if first:
@@ -201,17 +287,97 @@ async def _stream_one(
     result.success = True
 
 
-async def warm_up(client: httpx.AsyncClient, workload: Workload, model: str, n: int, max_tokens: int) -> None:
-    """Send n requests from the workload concurrently and throw the timings away."""
-    if n <= 0:
+async def _warm_up(session: aiohttp.ClientSession, root: str, sends: list[_Send]) -> None:
+    if not sends:
         return
-    reqs = [workload.requests[i % len(workload)] for i in range(n)]
-    results = [RequestResult(i, 0.0, 0.0, False) for i in range(n)]
+    results = [RequestResult(s.index, 0.0, 0.0, False) for s in sends]
     await asyncio.gather(
-        *(_stream_one(client, r, model, res, max_tokens) for r, res in zip(reqs, results, strict=True))
+        *(_stream_one(session, root + s.path, s.body, res) for s, res in zip(sends, results, strict=True))
     )
     if not any(res.success for res in results):
         raise MeasurementError(f"every warm-up request failed; the first: {results[0].error}")
+
+
+class _Run:
+    """Sends on one event loop, each at its time after ``t0`` (perf_counter, which every process shares), open
+    loop; and the loop's own lag, sampled every LAG_TICK_S while they run."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        root: str,
+        sends: list[_Send],
+        run_id: str,
+        max_concurrency: int | None,
+        on_result: Callable[[RequestResult], None] | None = None,
+    ) -> None:
+        self.session, self.root, self.sends, self.run_id, self.on_result = session, root, sends, run_id, on_result
+        self.sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.results: list[RequestResult] = []  # in send order, each from the moment it leaves
+        self.done: list[RequestResult] = []  # finished, in the order they finished
+        self.lag: list[float] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.t0 = 0.0
+
+    def start(self, t0: float) -> asyncio.Task[None]:
+        """Start sending; the task that ends when every request has."""
+        self.t0 = t0
+        self.sending = asyncio.create_task(self._send_all())
+        self._watching = asyncio.create_task(self._watch_lag())
+        return self.sending
+
+    async def _send_all(self) -> None:
+        for s in self.sends:
+            # One clock (perf_counter) for the schedule and the measurement. Event-loop timers are
+            # coarser (uvloop's: 1 ms), so a send can be up to a millisecond early: the send lag shows it.
+            delay = self.t0 + s.scheduled_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.tasks.append(asyncio.create_task(self._one(s)))
+        await asyncio.gather(*self.tasks)
+
+    async def _one(self, s: _Send) -> None:
+        if self.sem is not None:
+            await self.sem.acquire()
+        try:
+            res = RequestResult(
+                s.index,
+                s.scheduled_s,
+                time.perf_counter() - self.t0,
+                False,
+                expected_output_tokens=s.expected_output_tokens,
+            )
+            self.results.append(res)
+            await _stream_one(self.session, self.root + s.path, s.body, res, request_id=f"{self.run_id}-{s.index}")
+            res.elapsed = time.perf_counter() - self.t0 - res.sent_s
+        finally:
+            if self.sem is not None:
+                self.sem.release()
+        self.done.append(res)
+        if self.on_result is not None:
+            self.on_result(res)
+
+    async def _watch_lag(self) -> None:
+        while True:
+            due = time.perf_counter() + LAG_TICK_S
+            await asyncio.sleep(LAG_TICK_S)
+            self.lag.append(max(time.perf_counter() - due, 0.0))
+
+    def cut(self) -> None:
+        """Stop sending and close what is in flight (which aborts it in vLLM)."""
+        self.sending.cancel()
+        for t in self.tasks:
+            t.cancel()
+
+    async def finish(self, cut: bool) -> None:
+        try:
+            await asyncio.gather(self.sending, *self.tasks, return_exceptions=cut)
+        finally:
+            self._watching.cancel()
+
+    def cancel_all(self) -> None:
+        for t in (self.sending, *self.tasks, self._watching):
+            t.cancel()
 
 
 async def replay(
@@ -221,61 +387,35 @@ async def replay(
     on_result: Callable[[RequestResult], None] | None = None,
     give_up: GiveUp | None = None,
 ) -> Replay:
-    """Replay ``workload`` against ``url``. ``give_up``, asked every GIVE_UP_EVERY_S, may stop it early: the
-    requests not sent yet are left out, those in flight are closed (which aborts them in vLLM) and marked as
-    cut, and ``Replay.cut`` says why."""
-    async with _client(url, options) as client:
-        model = options.model or await discover_model(client)
+    """Replay ``workload`` against ``url`` on this event loop. ``give_up``, asked every GIVE_UP_EVERY_S, may stop
+    it early: the requests not sent yet are left out, those in flight are closed (which aborts them in vLLM) and
+    marked as cut, and ``Replay.cut`` says why."""
+    root = url.rstrip("/")
+    async with _session(options) as session:
+        model = options.model or await discover_model(session, root)
         tw = time.perf_counter()
-        await warm_up(client, workload, model, options.warmup_requests, options.warmup_output_tokens)
+        await _warm_up(session, root, _warm_up_sends(workload, model, options))
         warmup_s = time.perf_counter() - tw
-        sem = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
-        t0_arrival = workload.requests[0].arrival_s
-        results: list[RequestResult] = []
-
-        async def one(i: int, r: Request, scheduled: float) -> None:
-            if sem is not None:
-                await sem.acquire()
-            try:
-                res = RequestResult(
-                    i, scheduled, time.perf_counter() - t0_perf, False, expected_output_tokens=r.output_tokens
-                )
-                results.append(res)
-                await _stream_one(client, r, model, res, request_id=f"{run_id}-{i}")
-                res.elapsed = time.perf_counter() - t0_perf - res.sent_s
-            finally:
-                if sem is not None:
-                    sem.release()
-            if on_result is not None:
-                on_result(res)
-
-        async def send_all() -> None:
-            for i, r in enumerate(workload.requests):
-                scheduled = (r.arrival_s - t0_arrival) / options.load
-                # One clock (perf_counter) for the schedule and the measurement. Event-loop timers are
-                # coarser (uvloop's: 1 ms), so a send can be up to a millisecond early: the send lag shows it.
-                delay = t0_perf + scheduled - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(i, r, scheduled)))
-            await asyncio.gather(*tasks)
+        started_at = time.time()
+        run = _Run(
+            session,
+            root,
+            _sends(workload, model, options.load),
+            _run_id(started_at),
+            options.max_concurrency,
+            on_result,
+        )
 
         async def watch(sending: asyncio.Task[None]) -> str:
             while not sending.done():
                 await asyncio.sleep(GIVE_UP_EVERY_S)
-                why = give_up(results, len(workload), time.perf_counter() - t0_perf) if give_up else None
+                why = give_up(run.results, len(workload), time.perf_counter() - run.t0) if give_up else None
                 if why:
-                    sending.cancel()
-                    for t in tasks:
-                        t.cancel()
+                    run.cut()
                     return why
             return ""
 
-        started_at = time.time()
-        run_id = f"autotune-{int(started_at * 1000):x}"
-        t0_perf = time.perf_counter() + _START_DELAY_S
-        tasks: list[asyncio.Task[None]] = []
-        sending = asyncio.create_task(send_all())
+        sending = run.start(time.perf_counter() + _START_DELAY_S)
         watcher = asyncio.create_task(watch(sending)) if give_up is not None else None
         try:
             cut = ""
@@ -285,13 +425,18 @@ async def replay(
                     cut = watcher.result()
                 else:
                     watcher.cancel()
-            await asyncio.gather(sending, *tasks, return_exceptions=bool(cut))
+            await run.finish(bool(cut))
         except BaseException:
-            for t in (sending, *tasks, *([watcher] if watcher else [])):
-                t.cancel()
+            run.cancel_all()
+            if watcher is not None:
+                watcher.cancel()
             raise
-        wall_s = time.perf_counter() - t0_perf
-    return Replay(model, started_at, _in_order(results, cut), wall_s, warmup_s, cut)
+        wall_s = time.perf_counter() - run.t0
+    return Replay(model, started_at, _in_order(run.results, cut), wall_s, warmup_s, cut, Distribution.of(run.lag))
+
+
+def _run_id(started_at: float) -> str:
+    return f"autotune-{int(started_at * 1000):x}"
 
 
 def _in_order(results: list[RequestResult], cut: str) -> list[RequestResult]:
@@ -302,6 +447,211 @@ def _in_order(results: list[RequestResult], cut: str) -> list[RequestResult]:
     return sorted(results, key=lambda x: x.index)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One worker's share of a replay."""
+
+    url: str
+    options: ReplayOptions
+    sends: list[_Send]
+    run_id: str
+    warm_up: list[_Send]  # the engine's warm-up: the first worker sends it
+
+
+def _worker(fd: int) -> None:
+    """A replay worker process (_Pool): runs each share it is sent on ``fd`` until it is sent None or its replay's
+    process is gone. A thread reads the socket (which stays blocking, for the sends) into a queue."""
+    conn = multiprocessing.connection.Connection(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the replay's process, which stops its workers
+    inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = None
+            inbox.put(message)
+            if message is None:
+                return
+
+    threading.Thread(target=read, name="replay-inbox", daemon=True).start()
+    while (job := inbox.get()) is not None:
+        if isinstance(job, _Job):  # else a ("cut",) that came after its share had ended anyway
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(_work(conn, inbox, job))
+
+
+async def _work(conn: multiprocessing.connection.Connection, inbox: queue.SimpleQueue[object], job: _Job) -> None:
+    """Warm up, say ready, wait for ("go", t0), send on schedule; every _FLUSH_S send what was sent and what
+    finished, and stop at ("cut",) or when the replay's process is gone."""
+    root = job.url.rstrip("/")
+    async with _session(job.options) as session:
+        tw = time.perf_counter()
+        try:
+            await _warm_up(session, root, job.warm_up)
+        except MeasurementError as e:
+            conn.send(("error", str(e)))
+            return
+        conn.send(("ready", time.perf_counter() - tw))
+        while inbox.empty():
+            await asyncio.sleep(0.001)
+        go = inbox.get()
+        if not (isinstance(go, tuple) and go[0] == "go"):
+            return
+        run = _Run(session, root, job.sends, job.run_id, job.options.max_concurrency)
+        sending = run.start(go[1])
+        reported = 0
+        cut = False
+
+        def progress() -> tuple[list[tuple[int, float, float, int]], list[RequestResult]]:
+            nonlocal reported
+            sent = [(r.index, r.scheduled_s, r.sent_s, r.expected_output_tokens) for r in run.results[reported:]]
+            reported = len(run.results)
+            done, run.done = run.done, []
+            return sent, done
+
+        while not sending.done():
+            await asyncio.wait({sending}, timeout=_FLUSH_S)
+            if not inbox.empty() and inbox.get() in (None, ("cut",)):
+                run.cut()
+                cut = True
+                break
+            conn.send(("progress", *progress()))
+        await run.finish(cut)
+        conn.send(("end", *progress(), run.lag))
+
+
+class _Pool:
+    """Replay worker processes, started once and kept for every later replay of this process.
+
+    Each is a fresh interpreter that imports this module alone (not multiprocessing's spawn, which imports the
+    caller's main module again), on one end of a socket pair: when this process dies, the worker reads the end
+    of its socket and exits."""
+
+    def __init__(self, n: int) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
+        self.conns: list[multiprocessing.connection.Connection] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for _ in range(n):
+            here, there = socket.socketpair()
+            with there:
+                code = f"from autotune.measure.replay import _worker; _worker({there.fileno()})"
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", code], pass_fds=(there.fileno(),), env=env, stdin=subprocess.DEVNULL
+                    )
+                )
+            self.conns.append(multiprocessing.connection.Connection(here.detach()))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+_pools: dict[int, _Pool] = {}
+
+
+@atexit.register
+def _close_pools() -> None:
+    while _pools:
+        _pools.popitem()[1].close()
+
+
+def _pool(n: int) -> _Pool:
+    if n not in _pools:
+        _pools[n] = _Pool(n)
+    return _pools[n]
+
+
+def _discover_model_sync(url: str, options: ReplayOptions) -> str:
+    async def ask() -> str:
+        async with _session(options) as session:
+            return await discover_model(session, url.rstrip("/"))
+
+    return asyncio.run(ask())
+
+
+def _replay_in_workers(
+    url: str,
+    workload: Workload,
+    options: ReplayOptions,
+    n: int,
+    on_result: Callable[[RequestResult], None] | None,
+    give_up: GiveUp | None,
+) -> Replay:
+    """``replay`` split across ``n`` worker processes: request i goes to worker i mod n at its own time."""
+    model = options.model or _discover_model_sync(url, options)
+    started_at = time.time()
+    sends = _sends(workload, model, options.load)
+    warm = _warm_up_sends(workload, model, options)
+    pool = _pool(n)
+    try:
+        for w, conn in enumerate(pool.conns):
+            conn.send(_Job(url, options, sends[w::n], _run_id(started_at), warm if w == 0 else []))
+        warmup_s = 0.0
+        for conn in pool.conns:
+            kind, said = _receive(conn)
+            if kind == "error":
+                raise MeasurementError(said)
+            warmup_s = max(warmup_s, said)
+        t0 = time.perf_counter() + _START_DELAY_S
+        for conn in pool.conns:
+            conn.send(("go", t0))
+        results: dict[int, RequestResult] = {}
+        lag: list[float] = []
+        running = set(pool.conns)
+        cut = ""
+        ask_at = t0 + GIVE_UP_EVERY_S
+        while running:
+            for conn in multiprocessing.connection.wait(list(running), timeout=GIVE_UP_EVERY_S):
+                kind, sent, done, *rest = _receive(conn)
+                for i, scheduled, sent_s, expected in sent:
+                    results.setdefault(i, RequestResult(i, scheduled, sent_s, False, expected_output_tokens=expected))
+                for res in done:
+                    results[res.index] = res
+                    if on_result is not None:
+                        on_result(res)
+                if kind == "end":
+                    lag += rest[0]
+                    running.discard(conn)
+            if give_up is not None and not cut and time.perf_counter() >= ask_at:
+                ask_at += GIVE_UP_EVERY_S
+                if why := give_up(list(results.values()), len(workload), time.perf_counter() - t0):
+                    cut = why
+                    for conn in running:
+                        conn.send(("cut",))
+        wall_s = time.perf_counter() - t0
+    except BaseException:
+        # a signal, a dead worker, a bug: the workers may be mid-replay; they are not reused
+        del _pools[n]
+        pool.kill()
+        raise
+    return Replay(
+        model, started_at, _in_order(list(results.values()), cut), wall_s, warmup_s, cut, Distribution.of(lag), n
+    )
+
+
+def _receive(conn: multiprocessing.connection.Connection) -> tuple:
+    try:
+        return conn.recv()
+    except (EOFError, OSError) as e:
+        raise MeasurementError("a replay worker process died mid-replay; the replay is lost") from e
+
+
 def run_replay(
     url: str,
     workload: Workload,
@@ -309,6 +659,10 @@ def run_replay(
     on_result: Callable[[RequestResult], None] | None = None,
     give_up: GiveUp | None = None,
 ) -> Replay:
+    """Replay ``workload`` against ``url``: in this process, or in ``workers_for`` worker processes."""
+    n = workers_for(workload, options)
+    if n > 1:
+        return _replay_in_workers(url, workload, options, n, on_result, give_up)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         try:
             return runner.run(replay(url, workload, options, on_result, give_up))
