@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 
 from autotune.measure.metrics import summarize
-from autotune.measure.replay import ReplayOptions, run_replay
+from autotune.measure.replay import ReplayOptions, keep_workers, run_replay
 from autotune.workload.trace import Request, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +71,12 @@ def even(n: int, rate: float, tokens: int) -> Workload:
 def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: int) -> dict:
     me = psutil.Process()
     options = ReplayOptions(warmup_requests=8, workers=workers)
-    run_replay(url, even(8, 100.0, tokens), options)  # start-up: imports, connections, workers
-    truth(url)
-    cpu0 = _cpu(me)
-    rep = run_replay(url, even(int(rate * seconds), rate, tokens), options)
-    cpu = _cpu(me) - cpu0
+    with keep_workers():
+        run_replay(url, even(8, 100.0, tokens), options)  # start-up: imports, connections, workers
+        truth(url)
+        cpu0 = _cpu(me)
+        rep = run_replay(url, even(int(rate * seconds), rate, tokens), options)
+        cpu = _cpu(me) - cpu0
     s = summarize(rep.results)
     return {"client": f"autotune, {workers} worker{'s' if workers > 1 else ''}", "rate": rate,
             "output_tok_s": s.output_throughput, "failed": s.failed, "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99,

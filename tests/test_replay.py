@@ -262,3 +262,63 @@ def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request
 
     result = asyncio.run(go())
     assert result.success and result.error == "" and result.output_tokens == 2 and len(result.itl) == 1
+
+
+def test_worker_processes_replay_one_schedule_and_merge_into_one_replay(server):
+    """Requests split across two worker processes keep their send times; the merged replay has each request once,
+    in the workload's order, timed as the server timed it, and on_result heard every one."""
+    heard = []
+    rep = run_replay(server, workload(24, 0.025, out=6), ReplayOptions(warmup_requests=2, workers=2),
+                     on_result=heard.append)
+    assert rep.workers == 2 and rep.model == "fixed-timing"
+    assert [r.index for r in rep.results] == list(range(24)) and all(r.success for r in rep.results)
+    assert sorted(r.index for r in heard) == list(range(24))
+    assert [r.scheduled_s for r in rep.results] == pytest.approx([i * 0.025 for i in range(24)])
+    assert statistics.median(r.sent_s - r.scheduled_s for r in rep.results) < 0.05
+    t = truth(server)
+    prefix = max(k.rsplit("-", 1)[0] for k in t if not k.startswith("w"))
+    assert statistics.median(abs(r.ttft - t[f"{prefix}-{r.index}"]["ttft"]) for r in rep.results) < 0.010
+    assert rep.loop_lag.count > 0  # both workers' loops watched themselves
+    again = run_replay(server, workload(4, 0.01, out=2), ReplayOptions(warmup_requests=0, workers=2))
+    assert again.workers == 2 and all(r.success for r in again.results)  # the same workers, a second replay
+
+
+def test_a_replay_in_workers_that_gives_up_cuts_every_worker():
+    slos = [parse_slo("ttft<300ms")]
+    with fixed_timing_server(800.0, 10.0) as url:
+        rep = run_replay(url, workload(20, 0.1, out=5), ReplayOptions(warmup_requests=0, workers=2),
+                         give_up=lambda results, total, now: lost_already(slos, results, total, now))
+    assert rep.cut.startswith("p95:ttft<300ms missed already: "), rep.cut
+    assert 2 <= len(rep.results) < 20 and rep.wall_s < 1.9
+    cut = [r for r in rep.results if not r.success]
+    assert cut and all(r.error.startswith("cut: the step was already lost") for r in cut)
+
+
+def test_a_starved_client_is_client_bound_and_its_miss_bounds_no_capacity(server):
+    """An event loop kept busy (here: 30 ms of blocking work per finished request) reads the server's tokens late.
+    The step at that load misses its TTFT SLO on the client's lag, not the server's: it is client-bound, its miss
+    bounds nothing (the capacity below it is a floor), and the trial's line says so and what to do."""
+    import optuna
+
+    from autotune.measure.profiles import FixedLoad
+    from autotune.measure.session import measure_url
+    from autotune.study.lines import trial_line
+    from autotune.study.records import Attr, TrialRecord, held_every_load
+
+    slos = [parse_slo("ttft<80ms")]
+    w = workload(30, 0.05, out=4)
+    calm = measure_url(server, lambda load: w, slos, ReplayOptions(warmup_requests=0), FixedLoad())
+    starved = measure_url(server, lambda load: w, slos, ReplayOptions(warmup_requests=0, load=1.25), FixedLoad(),
+                          on_result=lambda _: time.sleep(0.03))
+    ok, bound = calm.steps[0], starved.steps[0]
+    assert ok.passed and not ok.client_bound, ok.client_lag_p99
+    assert bound.client_bound and not bound.client_kept_up, (bound.client_lag_p99, bound.client_lag_bound)
+    assert bound.client_lag_bound == pytest.approx(0.008)  # a tenth of the 80 ms target, over the 2 ms floor
+    records = [ok.record(), bound.record()]
+    assert not bound.passed and held_every_load(records)  # the miss above the pass is no bound: a floor
+    trial = optuna.trial.create_trial(
+        params={}, distributions={}, value=ok.rate,
+        user_attrs={Attr.STEPS: [r.to_json() for r in records], Attr.CAPACITY_RPS: ok.rate, Attr.CONSTRAINTS: [0.0]})
+    line = trial_line(TrialRecord.of(trial), None)
+    assert f"client-bound at {bound.rate:.2f} req/s" in line and "replay_workers" in line, line
+    assert "it held every load offered" not in line, line

@@ -76,39 +76,45 @@ def vllm_bench(url: str, tokenizer: Path, result_dir: Path) -> dict:
     return json.loads((result_dir / "vllm-bench.json").read_text())
 
 
-def autotune_replay(url: str, workload: Path, out: Path) -> dict:
+def autotune_replay(url: str, workload: Path, out: Path, workers: int) -> dict:
     argv = [sys.executable, "-m", "autotune", "replay", "--url", url, "--workload", str(workload),
-            "--rate", str(RATE), "--burstiness", str(BURSTINESS), "--seed", "0", "--warmup", "0", "--json", str(out)]
+            "--rate", str(RATE), "--burstiness", str(BURSTINESS), "--seed", "0", "--warmup", "0", "--json", str(out),
+            "--workers", str(workers)]
     done = run_owned(argv, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:]
     return json.loads(out.read_text())["metrics"]
 
 
 def test_autotune_replay_agrees_with_vllm_bench_serve(tiny_model, tmp_path):
+    """In one process and split across three worker processes alike."""
     workload = tmp_path / "custom.jsonl"  # vllm bench's custom JSONL format
     workload.write_text("".join(json.dumps({"prompt": f"request {i}: tell me about the sea",
                                             "output_tokens": OUTPUT_TOKENS}) + "\n" for i in range(REQUESTS)))
     with fixed_timing_server(TTFT_MS, ITL_MS, "--stream-interval", str(STREAM_INTERVAL)) as url:
         vb = vllm_bench(url, tiny_model, tmp_path)
-        at = autotune_replay(url, workload, tmp_path / "autotune.json")
+        ats = {w: autotune_replay(url, workload, tmp_path / f"autotune-{w}.json", w) for w in (1, 3)}
+    for workers, at in ats.items():
+        agree(vb, at, workers)
 
-    print(f"median TTFT ms: vllm bench {vb['median_ttft_ms']:.2f}, autotune {at['ttft']['p50'] * 1000:.2f}; "
-          f"output tok/s: vllm bench {vb['output_throughput']:.1f}, autotune {at['output_throughput']:.1f}; "
-          f"median TPOT ms: vllm bench {vb['median_tpot_ms']:.2f}, autotune {at['tpot']['p50'] * 1000:.2f}; "
-          f"duration s: vllm bench {vb['duration']:.3f}, autotune {at['duration_s']:.3f}")
+
+def agree(vb: dict, at: dict, workers: int) -> None:
+    print(f"{workers} worker(s): median TTFT ms: vllm bench {vb['median_ttft_ms']:.2f}, autotune "
+          f"{at['ttft']['p50'] * 1000:.2f}; output tok/s: vllm bench {vb['output_throughput']:.1f}, autotune "
+          f"{at['output_throughput']:.1f}; median TPOT ms: vllm bench {vb['median_tpot_ms']:.2f}, autotune "
+          f"{at['tpot']['p50'] * 1000:.2f}; duration s: vllm bench {vb['duration']:.3f}, autotune {at['duration_s']:.3f}")
     assert (vb["completed"], vb["failed"]) == (REQUESTS, 0)
     assert (at["completed"], at["failed"]) == (REQUESTS, 0)
     assert vb["total_output_tokens"] == at["output_tokens"] == REQUESTS * OUTPUT_TOKENS
 
     vb_ttft, at_ttft = vb["median_ttft_ms"], at["ttft"]["p50"] * 1000
     assert vb_ttft >= TTFT_MS and at_ttft >= TTFT_MS  # no client sees a token before the server sends it
-    assert abs(vb_ttft - at_ttft) <= TTFT_TOLERANCE_MS, (vb_ttft, at_ttft)
+    assert abs(vb_ttft - at_ttft) <= TTFT_TOLERANCE_MS, (workers, vb_ttft, at_ttft)
 
     vb_tput, at_tput = vb["output_throughput"], at["output_throughput"]
-    assert abs(at_tput - vb_tput) / vb_tput <= THROUGHPUT_TOLERANCE, (vb_tput, at_tput)
+    assert abs(at_tput - vb_tput) / vb_tput <= THROUGHPUT_TOLERANCE, (workers, vb_tput, at_tput)
 
     vb_tpot, at_tpot = vb["median_tpot_ms"], at["tpot"]["p50"] * 1000
     assert vb_tpot == pytest.approx(ITL_MS, abs=TPOT_TOLERANCE_MS)
-    assert abs(vb_tpot - at_tpot) <= TPOT_TOLERANCE_MS, (vb_tpot, at_tpot)
+    assert abs(vb_tpot - at_tpot) <= TPOT_TOLERANCE_MS, (workers, vb_tpot, at_tpot)
     # ITL is per chunk for both: about STREAM_INTERVAL tokens' time apart
     assert at["itl"]["p50"] * 1000 == pytest.approx(vb["median_itl_ms"], rel=0.25)

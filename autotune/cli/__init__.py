@@ -181,6 +181,7 @@ def _replay_options(options: WorkloadOptions, model: str | None = None, api_key:
         max_concurrency=options.max_concurrency,
         request_timeout_s=options.request_timeout,
         warmup_requests=options.warmup,
+        workers=options.workers,
         model=model,
         api_key=api_key,
     )

@@ -33,9 +33,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 
@@ -54,6 +55,7 @@ __all__ = [
     "discover_model",
     "payload_for",
     "workers_for",
+    "keep_workers",
     "CLIENT_LAG_S",
 ]
 
@@ -563,6 +565,21 @@ class _Pool:
 
 
 _pools: dict[int, _Pool] = {}
+_kept = 0  # how many ``keep_workers`` blocks are open
+
+
+@contextlib.contextmanager
+def keep_workers() -> Iterator[None]:
+    """Replay worker processes started in this block serve every replay in it and stop at its end (a measurement
+    session's steps: their start-up is paid once). Outside any block a replay's workers stop when it ends."""
+    global _kept
+    _kept += 1
+    try:
+        yield
+    finally:
+        _kept -= 1
+        if not _kept:
+            _close_pools()
 
 
 @atexit.register
@@ -617,7 +634,8 @@ def _replay_in_workers(
         cut = ""
         ask_at = t0 + GIVE_UP_EVERY_S
         while running:
-            for conn in multiprocessing.connection.wait(list(running), timeout=GIVE_UP_EVERY_S):
+            for ready in multiprocessing.connection.wait(list(running), timeout=GIVE_UP_EVERY_S):
+                conn = cast(multiprocessing.connection.Connection, ready)  # wait() gives back what it was given
                 kind, sent, done, *rest = _receive(conn)
                 for i, scheduled, sent_s, expected in sent:
                     results.setdefault(i, RequestResult(i, scheduled, sent_s, False, expected_output_tokens=expected))
@@ -640,6 +658,8 @@ def _replay_in_workers(
         del _pools[n]
         pool.kill()
         raise
+    if not _kept:
+        _close_pools()
     return Replay(
         model, started_at, _in_order(list(results.values()), cut), wall_s, warmup_s, cut, Distribution.of(lag), n
     )

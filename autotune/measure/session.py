@@ -30,7 +30,7 @@ from autotune.engine.launcher import Engine
 from autotune.errors import EngineFailure, MeasurementError
 from autotune.measure.metrics import RequestResult, Summary, lost_already, summarize
 from autotune.measure.profiles import FixedLoad, LoadProfile
-from autotune.measure.replay import GiveUp, Replay, ReplayOptions, run_replay
+from autotune.measure.replay import CLIENT_LAG_S, GiveUp, Replay, ReplayOptions, keep_workers, run_replay
 from autotune.measure.slo import SLO, Verdict
 from autotune.workload.trace import Workload
 
@@ -42,6 +42,7 @@ __all__ = [
     "measure_url",
     "replay_on",
     "MIN_OFFERED_SHARE",
+    "client_lag_bound",
     "OnPhase",
 ]
 
@@ -53,6 +54,16 @@ OnResult = Callable[[RequestResult], None]
 # that load. A brief stall that the client makes up for does not matter: TTFT is timed from the
 # actual send.
 MIN_OFFERED_SHARE = 0.95
+# A miss only bounds a capacity when the client timed the server, not itself: its event loops' lag (p99) within
+# CLIENT_LAG_S, or within this share of the tightest latency target where that is looser.
+LAG_SHARE_OF_TARGET = 0.1
+
+
+def client_lag_bound(slos: list[SLO]) -> float:
+    """The client lag (s, p99) past which a step's latencies are partly the client's own (``Step.client_bound``)."""
+    targets = [s.target for s in slos if s.is_latency]
+    return max(CLIENT_LAG_S, LAG_SHARE_OF_TARGET * min(targets)) if targets else CLIENT_LAG_S
+
 
 # the defaults of measure_engine() and measure_url() (frozen, so one instance serves every call)
 _DEFAULT_REPLAY = ReplayOptions()
@@ -71,6 +82,9 @@ class Step:
     warmup_s: float = 0.0
     measured_s: float = 0.0  # the replay's own duration, warm-up excluded
     cut: str = ""  # why the step was stopped before its last request: it had already failed (metrics.lost_already)
+    client_lag_p99: float | None = None  # how late the replay's event loops ran (Replay.loop_lag), seconds
+    client_lag_bound: float = CLIENT_LAG_S  # client_lag_bound(the step's SLOs)
+    workers: int = 1  # the replay's worker processes
 
     @property
     def offered_share(self) -> float:
@@ -86,7 +100,14 @@ class Step:
 
     @property
     def client_kept_up(self) -> bool:
-        return self.offered_share >= MIN_OFFERED_SHARE
+        """The client offered the load on time and timed it without lag of its own: a miss here is the server's."""
+        return self.offered_share >= MIN_OFFERED_SHARE and not self.client_bound
+
+    @property
+    def client_bound(self) -> bool:
+        """The client's own lag was past its bound: latencies it measured are partly its own, so a miss bounds
+        nothing (a pass still counts: the server's own latencies were lower still)."""
+        return (self.client_lag_p99 or 0.0) > self.client_lag_bound
 
     @property
     def slos_hold(self) -> bool:
@@ -95,7 +116,7 @@ class Step:
     @property
     def passed(self) -> bool:
         """The step counts toward capacity: every SLO held, no request failed, the load was really offered."""
-        return self.slos_hold and self.summary.failed == 0 and self.client_kept_up
+        return self.slos_hold and self.summary.failed == 0 and self.offered_share >= MIN_OFFERED_SHARE
 
     def record(self) -> StepRecord:
         s = self.summary
@@ -117,6 +138,7 @@ class Step:
             tpot_p95=s.tpot.p95,
             e2e_p95=s.e2e.p95,
             send_lag_p99=s.send_lag.p99,
+            client_lag_p99=self.client_lag_p99,
             slos=[v.to_json() for v in self.verdicts],
         )
 
@@ -145,6 +167,7 @@ class StepRecord:
     tpot_p95: float | None = None
     e2e_p95: float | None = None
     send_lag_p99: float | None = None
+    client_lag_p99: float | None = None  # the replay's own event-loop lag (Step.client_lag_p99)
     slos: list[dict[str, Any]] = field(default_factory=list)  # each SLO's Verdict.to_json()
 
     def to_json(self) -> dict[str, Any]:
@@ -266,6 +289,9 @@ def _step(load: float, workload: Workload, replay: Replay, slos: list[SLO], seco
         replay.warmup_s,
         replay.wall_s,
         replay.cut,
+        replay.loop_lag.p99,
+        client_lag_bound(slos),
+        replay.workers,
     )
 
 
@@ -330,16 +356,17 @@ def measure_engine(
             return out
         out.engine_ready_s = engine.ready_s or 0.0
         give_up = (lambda results, total, now: lost_already(slos, results, total, now)) if cut_lost_steps else None
-        _run_steps(
-            out,
-            lambda w, o: replay_on(engine, w, o, on_result, give_up),
-            workload_at,
-            slos,
-            profile,
-            replay,
-            on_phase,
-            on_step,
-        )
+        with keep_workers():  # every step's replay on the same worker processes, if it needs any
+            _run_steps(
+                out,
+                lambda w, o: replay_on(engine, w, o, on_result, give_up),
+                workload_at,
+                slos,
+                profile,
+                replay,
+                on_phase,
+                on_step,
+            )
         return out
     finally:
         on_phase("stopping")
@@ -366,15 +393,16 @@ def measure_url(
     """Replay against a server someone else runs (MeasurementError when nothing could be measured)."""
     t0 = time.monotonic()
     out = Outcome(url=url, started_at=time.time())
-    _run_steps(
-        out,
-        lambda w, o: (run_replay(url, w, o, on_result), None),
-        workload_at,
-        slos,
-        profile,
-        options,
-        lambda _: None,
-        lambda _: False,
-    )
+    with keep_workers():
+        _run_steps(
+            out,
+            lambda w, o: (run_replay(url, w, o, on_result), None),
+            workload_at,
+            slos,
+            profile,
+            options,
+            lambda _: None,
+            lambda _: False,
+        )
     out.wall_s = time.monotonic() - t0
     return out

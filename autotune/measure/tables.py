@@ -32,6 +32,15 @@ def outcome_tables(out: Outcome, engine_start: str | None) -> list[Table]:
         ("goodput", f"{s.goodput:.2f} req/s"),
         ("SLO attainment", "-" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"),
     ]
+    if step.client_lag_p99 is not None:
+        processes = f"{step.workers} process{'es' if step.workers > 1 else ''}"
+        client = f"{processes}, its own lag p99 {_ms(step.client_lag_p99)} ms"
+        if step.client_bound:
+            client += (
+                f" [red]client-bound[/]: over {_ms(step.client_lag_bound)} ms, so the latencies below are partly the "
+                "client's; give it more processes (--workers N) or run it on a host with cores to spare"
+            )
+        rows.append(("load client", client))
     if engine_start is not None:
         rows.insert(0, ("engine start", engine_start))
     for label, text in rows:

@@ -59,6 +59,7 @@ class Objective:
     race: bool = True  # a sampled trial starts at the incumbent's capacity and stops if it misses there
     simulate_first: bool = True  # score the space with vllm-sim first, where it models the GPU and the model
     cut_lost_steps: bool = True  # stop a load step once it cannot pass (its first requests are then all it measured)
+    replay_workers: int | None = None  # the replay's worker processes; None: as each step's token rate needs
 
     def scoring(self) -> Scoring:
         return scoring_for(self.kind, self.start_load, self.max_steps, self.resolution)
@@ -209,6 +210,7 @@ def _objective(obj: Table) -> Objective:
         race=obj.boolean("race", True),
         simulate_first=obj.boolean("simulate_first", True),
         cut_lost_steps=obj.boolean("cut_lost_steps", True),
+        replay_workers=obj.integer("replay_workers", None, at_least=1),
     )
     obj.done()
     return objective

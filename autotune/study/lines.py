@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
+from autotune.measure.session import MIN_OFFERED_SHARE
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.records import TrialRecord
 
-__all__ = ["elapsed_text", "gain_text", "capacity_text", "same_trial", "trial_line"]
+__all__ = ["elapsed_text", "gain_text", "capacity_text", "client_bound_text", "same_trial", "trial_line"]
 
 
 def elapsed_text(seconds: float) -> str:
@@ -59,6 +60,7 @@ def _measured(v: dict) -> str:
 def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
     config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
+    client_bound = client_bound_text(r)
     if r.failure_class:
         outcome = f"{r.failure_class}: {r.failure}"
     elif r.state == TrialState.PRUNED and r.race and r.race.lost:
@@ -71,16 +73,33 @@ def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     elif r.state != TrialState.COMPLETE:
         outcome = r.state.name.lower()
     elif r.feasible and r.capacity_rps > 0:
-        held = "; it held every load offered" if r.capacity_at_least else ""
+        held = "; it held every load offered" if r.capacity_at_least and not client_bound else ""
         outcome = f"{capacity_text(r)} within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s{held})" + (
             "" if same_trial(r, reference) else gain_text(r, reference)
         )
     else:
         outcome = _missed(r)
+    outcome += client_bound
     if r.same_config_as is not None:
         outcome = f"the same config as trial {r.same_config_as}, not run again: {outcome}"
     took = f" [{elapsed_text(r.wall_s)}]" if r.wall_s else ""
     return f"trial {r.number} ({r.chosen_because}) {config} -> {outcome}{took}"
+
+
+def client_bound_text(r: TrialRecord) -> str:
+    """Where the load client, not the engine, set a step's outcome, and what to do; "" where it timed every step."""
+    bound = [s for s in r.steps if not s.passed and not s.client_kept_up]
+    if not bound:
+        return ""
+    s = min(bound, key=lambda s: s.rate)
+    if s.client_lag_p99 is not None and s.offered_share >= MIN_OFFERED_SHARE:
+        why = f"its own event loop ran {s.client_lag_p99 * 1000:.0f} ms late at p99"
+    else:
+        why = f"it sent the load {1 / max(s.offered_share, 1e-9):.2f}x slower than scheduled"
+    return (
+        f"; client-bound at {s.rate:.2f} req/s ({why}), so that miss bounds nothing: give the replay more "
+        "processes ([objective] replay_workers) or run autotune where it has cores to spare"
+    )
 
 
 def same_trial(r: TrialRecord, other: TrialRecord | None) -> bool:

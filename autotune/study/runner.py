@@ -47,6 +47,7 @@ from autotune.engine.failures import FailureClass
 from autotune.engine.flags import FlagTable
 from autotune.errors import ConfigError, Interrupted, TrialFailed
 from autotune.measure.profiles import Ladder, LoadProfile, Race
+from autotune.measure.replay import ReplayOptions
 from autotune.measure.session import Outcome
 from autotune.study.advice import Advice
 from autotune.study.advisor import Advisor, AdvisorTarget, advisor_for
@@ -161,7 +162,14 @@ class StudyRun:
     @classmethod
     def on_engine(cls, d: StudyDefinition, table: FlagTable, steps: LoadSteps, **kw: Any) -> StudyRun:
         """A run that measures on the study's own engine command, its flags checked against ``table``."""
-        measurer = EngineMeasurer(d.command, table, steps.at, d.slos, startup_timeout=d.startup_timeout_s)
+        measurer = EngineMeasurer(
+            d.command,
+            table,
+            steps.at,
+            d.slos,
+            startup_timeout=d.startup_timeout_s,
+            replay=ReplayOptions(workers=d.objective.replay_workers),
+        )
         return cls(d, measurer, steps, **kw)
 
     def _notice(self, line: str) -> None:

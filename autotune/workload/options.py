@@ -56,6 +56,7 @@ class WorkloadOptions:
     max_concurrency: int | None = None
     warmup: int = 4
     request_timeout: float = 600.0  # seconds per request
+    workers: int | None = None  # replay worker processes; None: as the load's token rate needs (replay.workers_for)
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -88,6 +89,8 @@ class WorkloadOptions:
             raise ConfigError("--max-concurrency must be at least 1")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be 0 or more requests, got {self.warmup}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1 process, got {self.workers}")
         if not self.request_timeout > 0:
             raise ConfigError(f"--request-timeout must be a positive number of seconds, got {self.request_timeout}")
 
@@ -159,6 +162,12 @@ def add_arguments(
     r.add_argument("--load", type=float, default=d.load, help=f"multiply the arrival rate (default {d.load:g})")
     r.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default: none, open loop)")
     r.add_argument("--warmup", type=int, default=d.warmup, help=f"unmeasured warm-up requests (default {d.warmup})")
+    r.add_argument(
+        "--workers",
+        type=int,
+        help="processes that send and time the requests (default: one per 10,000 output tok/s the load needs, "
+        "up to a quarter of the cores)",
+    )
     if request_timeout:
         r.add_argument(
             "--request-timeout",

@@ -95,7 +95,7 @@ class PromptBuilder:
             ids = sorted(tokenizer.vocab.values())
             kept = list(zip(ids, tokenizer.decode_each(ids), strict=True))
         if not kept:
-            raise ConfigError(f"the tokenizer {tokenizer.path} has an empty vocabulary: prompts cannot be built with it")
+            raise ConfigError(f"the tokenizer {tokenizer.path} has an empty vocabulary: no prompt can be built with it")
         self._ids = np.asarray([i for i, _ in kept])
         self._texts = np.asarray([t for _, t in kept], dtype=object)
         self.joins_exactly = self._joins_exactly()
