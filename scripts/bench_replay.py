@@ -16,6 +16,8 @@ p99 TTFT is within 2 ms of the truth's; the table ends with the highest rate eac
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -29,22 +31,28 @@ import httpx
 import numpy as np
 import psutil
 
+from autotune.measure import replay as replay_module
 from autotune.measure.metrics import summarize
-from autotune.measure.replay import ReplayOptions, keep_workers, run_replay
+from autotune.measure.replay import ReplayOptions, run_replay
 from autotune.workload.trace import Request, Workload
+
+# an older autotune (before worker processes), so that a checkout of it can be measured beside this one:
+#     PYTHONPATH=/path/to/old/checkout .venv/bin/python scripts/bench_replay.py --workers 1
+keep_workers = getattr(replay_module, "keep_workers", contextlib.nullcontext)
+HAS_WORKERS = "workers" in {f.name for f in dataclasses.fields(ReplayOptions)}
 
 ROOT = Path(__file__).resolve().parent.parent
 TTFT_MS = ITL_MS = 5.0
 HOLD_MS = 2.0  # a client holds a rate while its p99 TTFT is this close to the server's
 
 
-def start_server(port: int) -> subprocess.Popen:
+def start_server(port: int, pin: bool) -> subprocess.Popen:
     node = shutil.which("node") or shutil.which("nodejs")
     if node is None:
         raise SystemExit("bench_replay: the fixed-timing server needs Node.js: apt-get install nodejs")
     proc = subprocess.Popen([node, str(ROOT / "scripts/fixed_timing_server.js"), "--port", str(port),
                              "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
-    if (os.cpu_count() or 1) > 1:
+    if pin and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(proc.pid, {1})
     for _ in range(200):
         try:
@@ -70,7 +78,7 @@ def even(n: int, rate: float, tokens: int) -> Workload:
 
 def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: int) -> dict:
     me = psutil.Process()
-    options = ReplayOptions(warmup_requests=8, workers=workers)
+    options = ReplayOptions(warmup_requests=8, **({"workers": workers} if HAS_WORKERS else {}))
     with keep_workers():
         run_replay(url, even(8, 100.0, tokens), options)  # start-up: imports, connections, workers
         truth(url)
@@ -81,7 +89,8 @@ def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: in
     return {"client": f"autotune, {workers} worker{'s' if workers > 1 else ''}", "rate": rate,
             "output_tok_s": s.output_throughput, "failed": s.failed, "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99,
             "tpot_p50": s.tpot.p50, "cpu_us_per_token": cpu / max(s.output_tokens, 1) * 1e6,
-            "loop_lag_p99": rep.loop_lag.p99, "client_bound": rep.client_bound(), "truth": truth(url)}
+            "loop_lag_p99": rep.loop_lag.p99 if HAS_WORKERS else None,
+            "client_bound": rep.client_bound() if HAS_WORKERS else None, "truth": truth(url)}
 
 
 SERVER_PID = 0
@@ -93,10 +102,8 @@ def _cpu(p: psutil.Process) -> float:
     for c in p.children(recursive=True):
         if c.pid == SERVER_PID:
             continue
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += sum(c.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
@@ -117,8 +124,6 @@ def vllm_row(url: str, rate: float, seconds: float, tokens: int, tokenizer: Path
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), "XDG_CACHE_HOME": str(tmp / "cache")}
         proc = psutil.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        if (os.cpu_count() or 1) > 1:
-            proc.cpu_affinity([0])
         cpu = 0.0
         while proc.poll() is None:
             try:
@@ -152,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2", help="autotune's worker counts to compare")
     ap.add_argument("--port", type=int, default=8291)
     ap.add_argument("--no-vllm", action="store_true", help="leave vllm bench serve out")
+    ap.add_argument("--no-pin", action="store_true", help="leave the client and server on every core")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_replay.json"))
     a = ap.parse_args(argv)
     rates = [float(x) for x in a.rates.split(",")]
-    os.sched_setaffinity(0, {0})
+    if not a.no_pin:
+        os.sched_setaffinity(0, {0})
     global SERVER_PID
-    server = start_server(a.port)
+    server = start_server(a.port, pin=not a.no_pin)
     SERVER_PID = server.pid
     url = f"http://127.0.0.1:{a.port}"
     rows: list[dict] = []

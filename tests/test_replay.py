@@ -1,6 +1,7 @@
 """The replay client over real HTTP streams, against the fixed-timing server (known TTFT/ITL)."""
 
 import contextlib
+import itertools
 import ctypes
 import os
 import signal
@@ -322,3 +323,25 @@ def test_a_starved_client_is_client_bound_and_its_miss_bounds_no_capacity(server
     line = trial_line(TrialRecord.of(trial), None)
     assert f"client-bound at {bound.rate:.2f} req/s" in line and "replay_workers" in line, line
     assert "it held every load offered" not in line, line
+
+
+def test_the_worker_count_follows_the_token_rate_the_cores_and_the_concurrency_cap(monkeypatch):
+    from autotune.measure.replay import TOKENS_PER_WORKER, workers_for
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    fast = Workload(tuple(Request(i / 100, int(TOKENS_PER_WORKER * 2.5 / 100), prompt="x") for i in range(200)))
+    assert workers_for(fast, ReplayOptions()) == 3  # 2.5 workers' worth of tokens a second
+    assert workers_for(fast, ReplayOptions(load=0.3)) == 1  # the same requests, a third as fast
+    assert workers_for(fast, ReplayOptions(load=10)) == 4  # a quarter of the 16 cores at most
+    assert workers_for(fast, ReplayOptions(workers=6)) == 6  # as asked
+    assert workers_for(fast, ReplayOptions(workers=6, max_concurrency=2)) == 2  # each holds one of the cap's 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert workers_for(fast, ReplayOptions()) == 1  # two cores: the engine needs the rest
+
+
+def test_worker_processes_share_a_concurrency_cap(server):
+    rep = run_replay(server, workload(8, 0.0, out=10), ReplayOptions(max_concurrency=2, workers=2,
+                                                                    warmup_requests=0))
+    events = sorted([(r.sent_s, 1) for r in rep.results] + [(r.end_s, -1) for r in rep.results])
+    in_flight = max(itertools.accumulate(d for _, d in events))
+    assert rep.workers == 2 and all(r.success for r in rep.results) and in_flight <= 2

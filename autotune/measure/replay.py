@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
@@ -188,14 +188,15 @@ def workers_for(workload: Workload, options: ReplayOptions) -> int:
     """How many worker processes replay ``workload``: ``options.workers`` when given, else enough that none streams
     more than TOKENS_PER_WORKER output tokens a second, and at most a quarter of the cores this process may use (the
     engine's own processes need the rest); 1 (in this process) where that suffices."""
+    cap = options.max_concurrency or math.inf  # each worker holds its share of a concurrency cap: one request at least
     if options.workers is not None:
-        return max(options.workers, 1)
+        return int(max(min(options.workers, cap), 1))
     reqs = workload.requests
     span = (reqs[-1].arrival_s - reqs[0].arrival_s) / options.load if len(reqs) > 1 else 0.0
     if span <= 0:
         return 1
     tokens_per_s = sum(r.output_tokens for r in reqs) / span
-    return max(1, min(math.ceil(tokens_per_s / TOKENS_PER_WORKER), len(os.sched_getaffinity(0)) // 4))
+    return int(max(1, min(math.ceil(tokens_per_s / TOKENS_PER_WORKER), len(os.sched_getaffinity(0)) // 4, cap)))
 
 
 @dataclass(frozen=True)
@@ -618,7 +619,9 @@ def _replay_in_workers(
     pool = _pool(n)
     try:
         for w, conn in enumerate(pool.conns):
-            conn.send(_Job(url, options, sends[w::n], _run_id(started_at), warm if w == 0 else []))
+            cap = options.max_concurrency
+            share = replace(options, max_concurrency=cap // n + (w < cap % n)) if cap else options
+            conn.send(_Job(url, share, sends[w::n], _run_id(started_at), warm if w == 0 else []))
         warmup_s = 0.0
         for conn in pool.conns:
             kind, said = _receive(conn)
