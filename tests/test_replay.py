@@ -1,8 +1,8 @@
 """The replay client over real HTTP streams, against the fixed-timing server (known TTFT/ITL)."""
 
 import contextlib
-import itertools
 import ctypes
+import itertools
 import os
 import signal
 import statistics
