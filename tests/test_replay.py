@@ -345,3 +345,33 @@ def test_worker_processes_share_a_concurrency_cap(server):
     events = sorted([(r.sent_s, 1) for r in rep.results] + [(r.end_s, -1) for r in rep.results])
     in_flight = max(itertools.accumulate(d for _, d in events))
     assert rep.workers == 2 and all(r.success for r in rep.results) and in_flight <= 2
+
+
+def test_a_stop_signal_mid_replay_leaves_no_worker_behind(server, tmp_path):
+    """As systemd stops a service (SIGTERM to the whole group): the workers leave it to the replay's process, which
+    stops them and exits; none outlives it."""
+    import json
+
+    import psutil
+
+    trace = tmp_path / "w.jsonl"
+    trace.write_text("".join(json.dumps({"prompt": f"r{i}", "output_tokens": 20}) + "\n" for i in range(400)))
+    proc = psutil.Popen([sys.executable, "-m", "autotune", "replay", "--url", server, "--workload", str(trace),
+                         "--rate", "20", "--workers", "2", "--warmup", "0"], start_new_session=True,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        workers = []
+        while len(workers) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            workers = [c for c in proc.children() if "_worker(" in " ".join(c.cmdline())]
+            time.sleep(0.1)
+        time.sleep(1.0)  # mid-replay
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert proc.returncode != 0  # interrupted, not finished: 400 requests at 20/s take 20 s
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, alive
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -465,7 +465,10 @@ def _worker(fd: int) -> None:
     """A replay worker process (_Pool): runs each share it is sent on ``fd`` until it is sent None or its replay's
     process is gone. A thread reads the socket (which stays blocking, for the sends) into a queue."""
     conn = multiprocessing.connection.Connection(fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the replay's process, which stops its workers
+    # A Ctrl-C or a service's stop reaches the whole process group: the replay's process acts on it and stops its
+    # workers (engine.launcher.stop_on_signals), and a worker whose replay's process is gone exits by itself.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
 
     def read() -> None:
@@ -481,8 +484,11 @@ def _worker(fd: int) -> None:
     threading.Thread(target=read, name="replay-inbox", daemon=True).start()
     while (job := inbox.get()) is not None:
         if isinstance(job, _Job):  # else a ("cut",) that came after its share had ended anyway
-            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(_work(conn, inbox, job))
+            try:
+                with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                    runner.run(_work(conn, inbox, job))
+            except OSError:  # the replay's process is gone (a broken pipe): nobody is left to tell
+                return
 
 
 async def _work(conn: multiprocessing.connection.Connection, inbox: queue.SimpleQueue[object], job: _Job) -> None:

@@ -17,6 +17,7 @@ Throughput only means something at saturation, so the score of a session is its
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -55,14 +56,18 @@ OnResult = Callable[[RequestResult], None]
 # actual send.
 MIN_OFFERED_SHARE = 0.95
 # A miss only bounds a capacity when the client timed the server, not itself: its event loops' lag (p99) within
-# CLIENT_LAG_S, or within this share of the tightest latency target where that is looser.
+# CLIENT_LAG_S, or within this share of the tightest target a late read moves, where that is looser.
 LAG_SHARE_OF_TARGET = 0.1
+# A read late by L moves a TTFT, an E2E or a gap between tokens by L; a TPOT by L / (tokens - 1), and a rate
+# hardly at all (a late send shows in Step.offered_share instead).
+_MOVED_BY_LAG = ("ttft", "e2e", "itl")
 
 
 def client_lag_bound(slos: list[SLO]) -> float:
-    """The client lag (s, p99) past which a step's latencies are partly the client's own (``Step.client_bound``)."""
-    targets = [s.target for s in slos if s.is_latency]
-    return max(CLIENT_LAG_S, LAG_SHARE_OF_TARGET * min(targets)) if targets else CLIENT_LAG_S
+    """The client lag (s, p99) past which a step's outcome is partly the client's own (``Step.client_bound``):
+    none (infinite) where no SLO is one a late read moves."""
+    targets = [s.target for s in slos if s.metric in _MOVED_BY_LAG]
+    return max(CLIENT_LAG_S, LAG_SHARE_OF_TARGET * min(targets)) if targets else math.inf
 
 
 # the defaults of measure_engine() and measure_url() (frozen, so one instance serves every call)
