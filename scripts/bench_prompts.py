@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         builder = PromptBuilder(tokenizer)
         setup_s = time.perf_counter() - t
         print(f"tokenizer {path}: {len(tokenizer.vocab)} tokens; builder set-up {setup_s * 1000:.0f} ms "
-              f"(joins words exactly: {getattr(builder, "joins_exactly", "-")})")
+              f"(joins words exactly: {getattr(builder, 'joins_exactly', '-')})")
         print(f"{'scenario':<18}{'requests':>9}{'tokens/prompt':>15}{'ms/prompt':>11}{'wrong lengths':>15}")
         for name in SCENARIOS:
             w = synthesize(name, rate=10.0, num_requests=a.requests, seed=0)

@@ -71,6 +71,10 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     return Tokenizer(path)
 
 
+_HEAD = 16  # a text's own random first words (a KV-cache block of vLLM's default size)
+_RUN_WORDS = 1 << 16  # the shared run of random words later ones are sliced from
+
+
 class PromptBuilder:
     """Texts of an exact token count, from whole-word tokens of the model's vocabulary.
 
@@ -99,6 +103,12 @@ class PromptBuilder:
         self._ids = np.asarray([i for i, _ in kept])
         self._texts = np.asarray([t for _, t in kept], dtype=object)
         self.joins_exactly = self._joins_exactly()
+        # A long run of random words, of which a text past its own first words is a slice: a prompt of thousands of
+        # tokens costs no more than a short one. Its first HEAD words are its own, so two texts that slice the run
+        # at one place still differ from their first token (no prefix a cache could share).
+        words = self._texts[np.random.default_rng(1).integers(len(self._ids), size=_RUN_WORDS)]
+        self._run = "".join(words)
+        self._bounds = np.concatenate(([0], np.cumsum([len(w) for w in words])))
 
     def _joins_exactly(self) -> bool:
         """Whether words joined encode to the words, alone and after a prefix's closing newline."""
@@ -113,7 +123,14 @@ class PromptBuilder:
         if n_tokens <= 0:
             return ""
         rng = np.random.default_rng(_seed(seed))
-        text = "".join(self._texts[rng.integers(len(self._ids), size=n_tokens)])
+        head = min(n_tokens, _HEAD)
+        text = "".join(self._texts[rng.integers(len(self._ids), size=head)])
+        rest = n_tokens - head
+        if rest > _RUN_WORDS // 2:
+            text += "".join(self._texts[rng.integers(len(self._ids), size=rest)])
+        elif rest:
+            start = int(rng.integers(_RUN_WORDS - rest + 1))
+            text += self._run[self._bounds[start] : self._bounds[start + rest]]
         return text if self.joins_exactly else self._corrected(text, n_tokens, rng, separator)
 
     def _corrected(self, text: str, n_tokens: int, rng: np.random.Generator, separator: str) -> str:
