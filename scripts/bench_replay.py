@@ -10,7 +10,9 @@ after reading the request and one token every 5 ms after it, and records what it
 first core, the server on the second. Each row: the offered rate and output tokens/s; the client's TTFT p50 and
 p99 against the server's own (truth); TPOT p50 (truth 5 ms); the client's CPU per streamed token (start-up
 excluded); its loop lag p99 and whether autotune called the run client-bound. A client "holds" a rate while its
-p99 TTFT is within 2 ms of the truth's; the table ends with the highest rate each client held.
+p99 TTFT is within 2 ms of the truth's (the drift column); the table ends with the highest rate each client held.
+Rows where the server itself ran late say so: its truth is still what it did, but it is no longer an exact schedule.
+For an older autotune (before worker processes) beside this one: PYTHONPATH=/old/checkout ... --workers 1 --no-vllm.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ from autotune.measure.metrics import summarize
 from autotune.measure.replay import ReplayOptions, run_replay
 from autotune.workload.trace import Request, Workload
 
-# an older autotune (before worker processes), so that a checkout of it can be measured beside this one:
-#     PYTHONPATH=/path/to/old/checkout .venv/bin/python scripts/bench_replay.py --workers 1
+# an older autotune (before worker processes), so that a checkout of it can be measured beside this one
 keep_workers = getattr(replay_module, "keep_workers", contextlib.nullcontext)
 HAS_WORKERS = "workers" in {f.name for f in dataclasses.fields(ReplayOptions)}
 
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run([sys.executable, str(ROOT / "scripts/build_tiny_model.py"), str(tokenizer)],
                                check=True, stdout=subprocess.DEVNULL)
             print(f"{'client':<22}{'req/s':>7}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>8}{'truth p99':>11}"
-                  f"{'TPOT p50':>10}{'CPU us/tok':>12}{'loop lag p99':>14}  verdict")
+                  f"{'drift':>8}{'TPOT p50':>10}{'CPU us/tok':>12}{'loop lag p99':>14}  verdict")
             for rate in rates:
                 for w in (int(x) for x in a.workers.split(",")):
                     rows.append(autotune_row(url, rate, a.seconds, a.tokens, w))
@@ -201,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
 def _print(r: dict) -> None:
     ms = lambda x: "-" if x is None else f"{x * 1000:.1f}"  # noqa: E731
     verdict = ("holds" if held(r) else "drifts") + (", client-bound" if r["client_bound"] else "")
+    truth_p99 = float(np.percentile(r["truth"], 99))
     print(f"{r['client']:<22}{r['rate']:>7.0f}{r['output_tok_s']:>11,.0f}{ms(r['ttft_p50']):>10}{ms(r['ttft_p99']):>8}"
-          f"{ms(float(np.percentile(r['truth'], 99))):>11}{ms(r['tpot_p50']):>10}{r['cpu_us_per_token']:>12.1f}"
+          f"{ms(truth_p99):>11}{ms(r['ttft_p99'] - truth_p99):>8}{ms(r['tpot_p50']):>10}{r['cpu_us_per_token']:>12.1f}"
           f"{ms(r['loop_lag_p99']):>14}  {verdict}")
 
 

@@ -43,6 +43,7 @@ function stream(req, res, body, received) {
   const tick = () => {
     const due = received + ttftMs + k * itlMs;
     const t = now();
+    if (t < due) return setImmediate(tick); // libuv's timers run on a clock cached per loop turn: never early
     lateMs = Math.max(lateMs, t - due);
     if (k === 0) first = t - received;
     const finish = k === n - 1 ? '"length"' : "null";
@@ -52,14 +53,14 @@ function stream(req, res, body, received) {
     res.write(`data: {"id":"x","object":"${object}","model":"fixed-timing","choices":[${choice}]}\n\n`);
     k += 1;
     if (k < n) {
-      setTimeout(tick, Math.max(received + ttftMs + k * itlMs - now(), 0));
+      setTimeout(tick, Math.max(Math.ceil(received + ttftMs + k * itlMs - now()), 0));
       return;
     }
     const usage = `{"prompt_tokens":1,"completion_tokens":${n},"total_tokens":${n + 1}}`;
     res.end(`data: {"id":"x","object":"${object}","model":"fixed-timing","choices":[],"usage":${usage}}\n\ndata: [DONE]\n\n`);
     truth[rid === undefined ? `unnamed-${unnamed++}` : rid] = { ttft: first / 1000, late: lateMs / 1000 };
   };
-  setTimeout(tick, Math.max(received + ttftMs - now(), 0));
+  setTimeout(tick, Math.max(Math.ceil(received + ttftMs - now()), 0));
 }
 
 const server = http.createServer((req, res) => {
