@@ -507,6 +507,7 @@ async def _work(conn: multiprocessing.connection.Connection, inbox: queue.Simple
             await asyncio.sleep(0.001)
         go = inbox.get()
         if not (isinstance(go, tuple) and go[0] == "go"):
+            inbox.put(go)  # None (the replay's process is gone): _worker must see it too, and exit
             return
         run = _Run(session, root, job.sends, job.run_id, job.options.max_concurrency)
         sending = run.start(go[1])
@@ -522,7 +523,9 @@ async def _work(conn: multiprocessing.connection.Connection, inbox: queue.Simple
 
         while not sending.done():
             await asyncio.wait({sending}, timeout=_FLUSH_S)
-            if not inbox.empty() and inbox.get() in (None, ("cut",)):
+            if not inbox.empty() and (message := inbox.get()) in (None, ("cut",)):
+                if message is None:
+                    inbox.put(None)  # for _worker, which exits on it
                 run.cut()
                 cut = True
                 break
