@@ -213,11 +213,10 @@ class _Send:
 def _sends(workload: Workload, model: str, load: float) -> list[_Send]:
     """Every request of ``workload``, encoded ahead of its send so that the send costs nothing but the send."""
     t0 = workload.requests[0].arrival_s
-    out = []
-    for i, r in enumerate(workload.requests):
-        path, body = payload_for(r, model)
-        out.append(_Send(i, (r.arrival_s - t0) / load, path, json.dumps(body).encode(), r.output_tokens))
-    return out
+    return [
+        _Send(i, (r.arrival_s - t0) / load, *_encoded(payload_for(r, model)), r.output_tokens)
+        for i, r in enumerate(workload.requests)
+    ]
 
 
 def _warm_up_sends(workload: Workload, model: str, options: ReplayOptions) -> list[_Send]:
