@@ -5,7 +5,7 @@ are exact, at rising rates, for autotune's replay and ``vllm bench serve`` side 
     .venv/bin/python scripts/bench_replay.py [--rates 50,100,200,300,450,600] [--seconds 8] [--tokens 128]
         [--workers 1,2] [--no-vllm] [--out runs/bench_replay.json]
 
-The server (scripts/fixed_timing_server.js, Node: never the bottleneck) writes every stream's first token 5 ms
+The server (scripts/fixed_timing_server.c, compiled with cc; one send(2) a token: never the bottleneck) writes every stream's first token 5 ms
 after reading the request and one token every 5 ms after it, and records what it did. The client runs on the
 first core, the server on the second. Each row: the offered rate and output tokens/s; the client's TTFT p50 and
 p99 against the server's own (truth); TPOT p50 (truth 5 ms); the client's CPU per streamed token (start-up
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -47,12 +48,14 @@ TTFT_MS = ITL_MS = 5.0
 HOLD_MS = 2.0  # a client holds a rate while its p99 TTFT is this close to the server's
 
 
-def start_server(port: int, pin: bool) -> subprocess.Popen:
-    node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        raise SystemExit("bench_replay: the fixed-timing server needs Node.js: apt-get install nodejs")
-    proc = subprocess.Popen([node, str(ROOT / "scripts/fixed_timing_server.js"), "--port", str(port),
-                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
+def start_server(port: int, pin: bool, build: Path) -> subprocess.Popen:
+    """The fixed-timing server, compiled from scripts/fixed_timing_server.c into ``build``."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("bench_replay: the fixed-timing server is C: install a compiler (apt-get install gcc)")
+    exe = build / "fixed_timing_server"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(ROOT / "scripts/fixed_timing_server.c")], check=True)
+    proc = subprocess.Popen([str(exe), "--port", str(port), "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)])
     if pin and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(proc.pid, {1})
     for _ in range(200):
@@ -85,11 +88,12 @@ def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: in
         truth(url)
         cpu0 = _cpu(me)
         rep = run_replay(url, even(int(rate * seconds), rate, tokens), options)
-        cpu = _cpu(me) - cpu0
+        cpu, kernel = _cpu(me) - cpu0
     s = summarize(rep.results)
     return {"client": f"autotune, {workers} worker{'s' if workers > 1 else ''}", "rate": rate,
             "output_tok_s": s.output_throughput, "failed": s.failed, "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99,
-            "tpot_p50": s.tpot.p50, "cpu_us_per_token": cpu / max(s.output_tokens, 1) * 1e6,
+            "tpot_p50": s.tpot.p50, "tokens": s.output_tokens, "cpu_us_per_token": cpu / max(s.output_tokens, 1) * 1e6,
+            "kernel_us_per_token": kernel / max(s.output_tokens, 1) * 1e6,
             "loop_lag_p99": rep.loop_lag.p99 if HAS_WORKERS else None,
             "client_bound": rep.client_bound() if HAS_WORKERS else None, "truth": truth(url)}
 
@@ -97,14 +101,17 @@ def autotune_row(url: str, rate: float, seconds: float, tokens: int, workers: in
 SERVER_PID = 0
 
 
-def _cpu(p: psutil.Process) -> float:
-    """CPU seconds of this process and its children (the server's left out), living or reaped."""
-    total = sum(p.cpu_times()[:2])
+def _cpu(p: psutil.Process) -> np.ndarray:
+    """CPU seconds of this process and its children (the server's left out), living or reaped: in all, and of it
+    in the kernel."""
+    t = p.cpu_times()
+    total = np.array([t.user + t.system + t.children_user + t.children_system, t.system + t.children_system])
     for c in p.children(recursive=True):
         if c.pid == SERVER_PID:
             continue
         with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(c.cpu_times()[:2])
+            ct = c.cpu_times()
+            total += [ct.user + ct.system, ct.system]
     return total
 
 
@@ -125,7 +132,7 @@ def vllm_row(url: str, rate: float, seconds: float, tokens: int, tokenizer: Path
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"), "XDG_CACHE_HOME": str(tmp / "cache")}
         proc = psutil.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        cpu = 0.0
+        cpu = np.zeros(2)
         while proc.poll() is None:
             try:
                 cpu = _cpu(proc)
@@ -139,10 +146,12 @@ def vllm_row(url: str, rate: float, seconds: float, tokens: int, tokenizer: Path
     _, startup_cpu = bench(1, 100.0)  # its start-up alone (imports, tokenizer, one request)
     truth(url)
     result, cpu = bench(n, rate)
+    tokens = max(result["total_output_tokens"], 1)
     return {"client": "vllm bench serve", "rate": rate, "output_tok_s": result["output_throughput"],
             "failed": result["failed"], "ttft_p50": result["median_ttft_ms"] / 1000,
             "ttft_p99": result["p99_ttft_ms"] / 1000, "tpot_p50": result["median_tpot_ms"] / 1000,
-            "cpu_us_per_token": (cpu - startup_cpu) / max(result["total_output_tokens"], 1) * 1e6,
+            "tokens": tokens, "cpu_us_per_token": (cpu - startup_cpu)[0] / tokens * 1e6,
+            "kernel_us_per_token": (cpu - startup_cpu)[1] / tokens * 1e6,
             "loop_lag_p99": None, "client_bound": None, "truth": truth(url)}
 
 
@@ -165,28 +174,30 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_pin:
         os.sched_setaffinity(0, {0})
     global SERVER_PID
-    server = start_server(a.port, pin=not a.no_pin)
-    SERVER_PID = server.pid
-    url = f"http://127.0.0.1:{a.port}"
     rows: list[dict] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(a.port, pin=not a.no_pin, build=Path(tmp))
+        SERVER_PID = server.pid
+        url = f"http://127.0.0.1:{a.port}"
+        try:
             tokenizer = Path(tmp) / "tiny-llama"
             if not a.no_vllm:
                 subprocess.run([sys.executable, str(ROOT / "scripts/build_tiny_model.py"), str(tokenizer)],
                                check=True, stdout=subprocess.DEVNULL)
             print(f"{'client':<22}{'req/s':>7}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>8}{'truth p99':>11}"
-                  f"{'drift':>8}{'TPOT p50':>10}{'CPU us/tok':>12}{'loop lag p99':>14}  verdict")
+                  f"{'drift':>8}{'TPOT p50':>10}{'CPU us/tok (kernel)':>20}{'server':>9}{'loop lag p99':>14}  verdict")
             for rate in rates:
                 for w in (int(x) for x in a.workers.split(",")):
-                    rows.append(autotune_row(url, rate, a.seconds, a.tokens, w))
+                    rows.append(_with_server_cpu(server, autotune_row, url, rate, a.seconds, a.tokens, w))
                     _print(rows[-1])
-                if not a.no_vllm and (row := vllm_row(url, rate, a.seconds, a.tokens, tokenizer, Path(tmp))):
-                    rows.append(row)
-                    _print(row)
-    finally:
-        server.terminate()
-        server.wait()
+                if not a.no_vllm:
+                    row = _with_server_cpu(server, vllm_row, url, rate, a.seconds, a.tokens, tokenizer, Path(tmp))
+                    if row:
+                        rows.append(row)
+                        _print(row)
+        finally:
+            server.terminate()
+            server.wait()
     print(f"highest rate whose p99 TTFT stays within {HOLD_MS:.0f} ms of the server's:")
     for client in dict.fromkeys(r["client"] for r in rows):
         ok = [r for r in rows if r["client"] == client and held(r)]
@@ -199,13 +210,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _with_server_cpu(server: subprocess.Popen, row: Callable[..., dict | None], *args: object) -> dict | None:
+    """``row(*args)``, with the server's CPU per token over all of it (start-up runs included: an upper bound)."""
+    cpu = lambda: sum(psutil.Process(server.pid).cpu_times()[:2])  # noqa: E731
+    before = cpu()
+    r = row(*args)
+    return r and {**r, "server_us_per_token": (cpu() - before) / r["tokens"] * 1e6}
+
+
 def _print(r: dict) -> None:
     ms = lambda x: "-" if x is None else f"{x * 1000:.1f}"  # noqa: E731
     verdict = ("holds" if held(r) else "drifts") + (", client-bound" if r["client_bound"] else "")
     truth_p99 = float(np.percentile(r["truth"], 99))
+    cpu = f"{r['cpu_us_per_token']:.1f} ({r['kernel_us_per_token']:.1f})"
     print(f"{r['client']:<22}{r['rate']:>7.0f}{r['output_tok_s']:>11,.0f}{ms(r['ttft_p50']):>10}{ms(r['ttft_p99']):>8}"
-          f"{ms(truth_p99):>11}{ms(r['ttft_p99'] - truth_p99):>8}{ms(r['tpot_p50']):>10}{r['cpu_us_per_token']:>12.1f}"
-          f"{ms(r['loop_lag_p99']):>14}  {verdict}")
+          f"{ms(truth_p99):>11}{ms(r['ttft_p99'] - truth_p99):>8}{ms(r['tpot_p50']):>10}{cpu:>16}"
+          f"{r['server_us_per_token']:>9.1f}{ms(r['loop_lag_p99']):>14}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #   systemd      systemd-analyze (tests/test_systemd.py: verify + security of systemd/*.service)
 #   postgresql   server binaries initdb, pg_ctl, postgres (tests that run a real PostgreSQL)
 #   nodejs       node (tests/test_systemd.py evaluates the polkit rule, which is JavaScript)
+#   gcc          cc (tests/test_bench_replay.py compiles scripts/fixed_timing_server.c, the client benchmark's server)
 #   chromium     headless Chromium (tests/test_screenshots.py renders the report and optuna-dashboard;
 #                scripts/screenshots.py makes docs/*.png)
 #   nginx        the reverse proxy of blue/green publishing (tests/test_bluegreen.py runs
@@ -38,6 +39,7 @@ missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 have_postgres || missing+=(postgresql)
 command -v node >/dev/null || missing+=(nodejs)
+command -v cc >/dev/null || missing+=(gcc)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)

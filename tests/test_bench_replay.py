@@ -1,4 +1,4 @@
-"""scripts/bench_replay.py end to end, briefly: the Node exact-timing server and autotune's client in one and two
+"""scripts/bench_replay.py end to end, briefly: the C exact-timing server (compiled with cc) and autotune's client in one and two
 worker processes (the benchmark's own numbers are bench/README.md's, on a quiet host)."""
 
 import json

@@ -207,7 +207,7 @@ def test_a_replay_that_can_still_pass_runs_to_its_end():
 def test_sse_events_end_lines_only_where_server_sent_events_end_them():
     """CRLF, LF or CR end a line, a CRLF split across two reads included; U+2028, U+0085 and the other
     str.splitlines boundaries are text, as JSON carries them unescaped inside a token."""
-    from autotune.measure.replay import SseEvents
+    from autotune.measure.streams import SseEvents
 
     def events(*reads):
         e = SseEvents()
@@ -226,7 +226,7 @@ def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request
     import json as jsonlib
 
     from autotune.measure.metrics import RequestResult
-    from autotune.measure.replay import _stream_one
+    from autotune.measure.streams import Connections
 
     def chunk(obj):
         return b"data: " + jsonlib.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
@@ -238,8 +238,6 @@ def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request
 
     async def go():
         from aiohttp import web
-
-        from autotune.measure.replay import ReplayOptions, _session
 
         async def stream(request):
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -254,9 +252,9 @@ def test_a_token_with_a_unicode_line_separator_is_one_token_not_a_failed_request
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
-            async with _session(ReplayOptions()) as session:
+            async with Connections(f"http://127.0.0.1:{port}") as conns:
                 result = RequestResult(index=0, scheduled_s=0.0, sent_s=0.0, success=False)
-                await _stream_one(session, f"http://127.0.0.1:{port}/v1/completions", b"{}", result)
+                await conns.stream("/v1/completions", b"{}", result)
                 return result
         finally:
             await runner.cleanup()
@@ -376,3 +374,61 @@ def test_a_stop_signal_mid_replay_leaves_no_worker_behind(server, tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_stream_reader_times_every_read_and_says_how_a_response_failed():
+    """streams.Connections against a server that writes in awkward pieces: events of one read share its time (an
+    ITL of 0, as vllm bench serve has it), an event split across reads is one token, a kept-alive connection
+    serves the next request, a path prefix is kept, and an error status or a stream broken off fails its request
+    with the reason."""
+    import asyncio
+
+    from aiohttp import web
+
+    from autotune.measure.metrics import RequestResult
+    from autotune.measure.streams import Connections
+
+    tok = b'data: {"choices":[{"index":0,"text":" t"}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
+    peers = []
+
+    async def stream(request):
+        peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in (tok, tok + tok, tok[:20], tok[20:] + usage):
+            await resp.write(piece)
+            await asyncio.sleep(0.02)
+        return resp
+
+    async def broken(request):
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(tok)
+        request.transport.close()
+        return resp
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/prefix/v1/completions", stream)
+        app.router.add_post("/prefix/v1/broken", broken)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        results = [RequestResult(index=i, scheduled_s=0.0, sent_s=0.0, success=False) for i in range(4)]
+        try:
+            async with Connections(f"http://127.0.0.1:{port}/prefix/") as conns:
+                for res, path in zip(results, ("/v1/completions", "/v1/completions", "/v1/nope", "/v1/broken")):
+                    await conns.stream(path, b"{}", res)
+        finally:
+            await runner.cleanup()
+        return results
+
+    first, second, missing, cut = asyncio.run(go())
+    for r in (first, second):
+        assert r.success and r.error == "" and r.output_tokens == 4 and r.prompt_tokens == 2, r
+        assert len(r.itl) == 3 and r.itl[1] == 0.0 and r.itl[0] > 0.01 and r.itl[2] > 0.01, r.itl
+    assert len(peers) == 2 and peers[0] == peers[1]  # one connection, kept alive
+    assert not missing.success and missing.error.startswith("HTTP 404: "), missing.error
+    assert not cut.success and cut.error.startswith("ServerDisconnectedError"), cut.error

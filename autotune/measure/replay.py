@@ -5,7 +5,8 @@ have finished: that is how real traffic arrives, and what makes queueing visible
 optional concurrency cap holds requests back (their send lag then shows it). Each request
 streams with ``ignore_eos`` and ``max_tokens`` so output lengths follow the workload, and
 ``stream_options.include_usage`` so token counts come from the server. Timing follows
-``vllm bench serve`` (see metrics.py). The replayer knows HTTP and the workload, nothing else.
+``vllm bench serve`` (see metrics.py); each stream is read and timed by streams.py. The replayer
+knows HTTP and the workload, nothing else.
 
 One event loop on one core times about TOKENS_PER_WORKER streamed tokens a second before its own lag reads as
 latency. Past that the requests are split across worker processes (``workers_for``), each with its own event loop
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import functools
 import json
 import math
 import multiprocessing
@@ -28,7 +28,6 @@ import os
 import queue
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import threading
@@ -38,11 +37,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
-import aiohttp
+import httpx
 
 from autotune.engine.launcher import raise_if_interrupted
 from autotune.errors import MeasurementError
 from autotune.measure.metrics import Distribution, RequestResult
+from autotune.measure.streams import Connections, error_text
 from autotune.workload.eventloop import event_loop_factory
 from autotune.workload.trace import Request, Workload
 
@@ -65,9 +65,10 @@ LAG_TICK_S = 0.005  # how often each event loop checks its own lag
 # An event loop whose timer fires later than this (p99) delays reading what the server sent by as much: the client
 # then sets part of the latency it measures. uvloop on an idle core: about 0.5 ms.
 CLIENT_LAG_S = 0.002
-# Output tokens/s one worker process streams and times within CLIENT_LAG_S on one core, with room to spare
-# (bench/README.md, "Replay client"): the auto worker count gives each worker at most this many.
-TOKENS_PER_WORKER = 10_000
+# Output tokens/s one worker process streams and times on one core, with room to spare: about half of the highest
+# rate one held within 2 ms of an exact server (bench/README.md, "Replay client"); the auto worker count gives each
+# worker at most this many.
+TOKENS_PER_WORKER = 20_000
 _FLUSH_S = 0.05  # how often a worker process sends its results so far to the replay
 
 
@@ -125,63 +126,25 @@ def payload_for(r: Request, model: str, max_tokens: int | None = None) -> tuple[
     return "/v1/completions", {**common, "prompt": prompt}
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    return ssl.create_default_context()  # built once: loading the CA store costs ~20 ms
-
-
-def _session(options: ReplayOptions) -> aiohttp.ClientSession:
-    """An aiohttp session, with nothing above its C HTTP parser on the path every streamed token takes (httpx over
-    it, with its own iterators, cost about twice the CPU per token)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=options.max_concurrency or 0, ssl=_tls()),  # 0: no limit (open loop)
+def _client(options: ReplayOptions) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
         headers={"Authorization": f"Bearer {options.api_key}"} if options.api_key else {},
-        timeout=aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=10.0),
+        timeout=10.0,
         trust_env=False,  # a proxy from the environment would sit between us and localhost
     )
 
 
-async def discover_model(session: aiohttp.ClientSession, url: str) -> str:
+async def discover_model(client: httpx.AsyncClient, url: str) -> str:
     try:
-        async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
-            resp.raise_for_status()
-            return (await resp.json(content_type=None))["data"][0]["id"]
-    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, TypeError, ValueError) as e:
-        raise MeasurementError(f"cannot list the served models at {url}/v1/models: {_error_text(e)}") from e
+        resp = await client.get(url.rstrip("/") + "/v1/models")
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise MeasurementError(f"cannot list the served models at {url}/v1/models: {error_text(e)}") from e
 
 
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
-class SseEvents:
-    """The data of Server-Sent Events, from a byte stream read in arbitrary pieces: lines end at CRLF, LF or CR
-    and nothing else (U+2028 and the other ``str.splitlines`` boundaries are text, which JSON carries unescaped
-    inside a token's text)."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """The data fields of the lines ``data`` completes."""
-        buf = self._pending + data
-        if b"\r" in buf:
-            # a CR at the end may be the first half of a CRLF: it waits for the next piece
-            keep = buf.endswith(b"\r")
-            buf = buf[:-1] if keep else buf
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
-        *lines, self._pending = buf.split(b"\n")
-        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
-
-    def close(self) -> list[bytes]:
-        """The data field of a last line the stream did not end."""
-        last, self._pending = self._pending.rstrip(b"\r"), b""
-        return [last[5:].strip()] if last.startswith(b"data:") else []
-
-
-# What a token event of vLLM's compact JSON holds, found without decoding the event (a JSON string cannot hold it
-# unescaped): every other event (usage, an error, another server's spacing) is decoded in full.
-_TOKEN_EVENT = b'"choices":[{'
+def _connections(url: str, options: ReplayOptions) -> Connections:
+    return Connections(url, options.api_key, options.request_timeout_s)
 
 
 def workers_for(workload: Workload, options: ReplayOptions) -> int:
@@ -229,73 +192,11 @@ def _encoded(payload: tuple[str, dict]) -> tuple[str, bytes]:
     return payload[0], json.dumps(payload[1]).encode()
 
 
-async def _stream_one(
-    session: aiohttp.ClientSession, url: str, content: bytes, result: RequestResult, request_id: str | None = None
-) -> None:
-    """Send one request and time its stream into ``result``: TTFT at the first event with choices, ITL between
-    such events (every event of one read from the socket takes that read's time), token counts from usage."""
-    headers = {"content-type": "application/json"}
-    if request_id is not None:
-        headers["x-request-id"] = request_id  # vLLM logs it; test servers key their records on it
-    st = time.perf_counter()
-    last = st
-    first = True
-    chunks = 0
-    events = SseEvents()
-    try:
-        async with session.post(url, data=content, headers=headers) as resp:
-            if resp.status != 200:
-                text = (await resp.read()).decode("utf-8", "replace")[:300]
-                result.error = f"HTTP {resp.status}: {text}"
-                return
-            done = False
-            while not done:
-                data = await resp.content.readany()
-                ts = time.perf_counter()
-                for event in events.feed(data) if data else events.close():
-                    if event == b"[DONE]":
-                        done = True
-                        break
-                    if _TOKEN_EVENT not in event:
-                        msg = json.loads(event)
-                        if not msg.get("choices"):
-                            if usage := msg.get("usage"):
-                                result.output_tokens = int(usage.get("completion_tokens") or 0)
-                                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                            elif "error" in msg:
-                                result.error = f"server error in stream: {msg['error']}"
-                                return
-                            continue
-                    if first:
-                        result.ttft = ts - st
-                        first = False
-                    else:
-                        result.itl.append(ts - last)
-                    last = ts
-                    chunks += 1
-                done = done or not data
-    except (aiohttp.ClientError, TimeoutError) as e:
-        result.error = _error_text(e)
-        return
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        result.error = f"malformed SSE data: {e}"
-        return
-    if first:
-        result.error = "the stream ended without a token"
-        return
-    if not result.output_tokens:
-        result.output_tokens = chunks  # no usage chunk: one token per chunk is vLLM's default stream_interval
-    result.e2e = last - st
-    result.success = True
-
-
-async def _warm_up(session: aiohttp.ClientSession, root: str, sends: list[_Send]) -> None:
+async def _warm_up(conns: Connections, sends: list[_Send]) -> None:
     if not sends:
         return
     results = [RequestResult(s.index, 0.0, 0.0, False) for s in sends]
-    await asyncio.gather(
-        *(_stream_one(session, root + s.path, s.body, res) for s, res in zip(sends, results, strict=True))
-    )
+    await asyncio.gather(*(conns.stream(s.path, s.body, res) for s, res in zip(sends, results, strict=True)))
     if not any(res.success for res in results):
         raise MeasurementError(f"every warm-up request failed; the first: {results[0].error}")
 
@@ -306,14 +207,13 @@ class _Run:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        root: str,
+        conns: Connections,
         sends: list[_Send],
         run_id: str,
         max_concurrency: int | None,
         on_result: Callable[[RequestResult], None] | None = None,
     ) -> None:
-        self.session, self.root, self.sends, self.run_id, self.on_result = session, root, sends, run_id, on_result
+        self.conns, self.sends, self.run_id, self.on_result = conns, sends, run_id, on_result
         self.sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.results: list[RequestResult] = []  # in send order, each from the moment it leaves
         self.done: list[RequestResult] = []  # finished, in the order they finished
@@ -350,7 +250,7 @@ class _Run:
                 expected_output_tokens=s.expected_output_tokens,
             )
             self.results.append(res)
-            await _stream_one(self.session, self.root + s.path, s.body, res, request_id=f"{self.run_id}-{s.index}")
+            await self.conns.stream(s.path, s.body, res, request_id=f"{self.run_id}-{s.index}")
             res.elapsed = time.perf_counter() - self.t0 - res.sent_s
         finally:
             if self.sem is not None:
@@ -392,20 +292,18 @@ async def replay(
     """Replay ``workload`` against ``url`` on this event loop. ``give_up``, asked every GIVE_UP_EVERY_S, may stop
     it early: the requests not sent yet are left out, those in flight are closed (which aborts them in vLLM) and
     marked as cut, and ``Replay.cut`` says why."""
-    root = url.rstrip("/")
-    async with _session(options) as session:
-        model = options.model or await discover_model(session, root)
+    if options.model:
+        model = options.model
+    else:
+        async with _client(options) as client:
+            model = await discover_model(client, url)
+    async with _connections(url, options) as conns:
         tw = time.perf_counter()
-        await _warm_up(session, root, _warm_up_sends(workload, model, options))
+        await _warm_up(conns, _warm_up_sends(workload, model, options))
         warmup_s = time.perf_counter() - tw
         started_at = time.time()
         run = _Run(
-            session,
-            root,
-            _sends(workload, model, options.load),
-            _run_id(started_at),
-            options.max_concurrency,
-            on_result,
+            conns, _sends(workload, model, options.load), _run_id(started_at), options.max_concurrency, on_result
         )
 
         async def watch(sending: asyncio.Task[None]) -> str:
@@ -493,11 +391,10 @@ def _worker(fd: int) -> None:
 async def _work(conn: multiprocessing.connection.Connection, inbox: queue.SimpleQueue[object], job: _Job) -> None:
     """Warm up, say ready, wait for ("go", t0), send on schedule; every _FLUSH_S send what was sent and what
     finished, and stop at ("cut",) or when the replay's process is gone."""
-    root = job.url.rstrip("/")
-    async with _session(job.options) as session:
+    async with _connections(job.url, job.options) as conns:
         tw = time.perf_counter()
         try:
-            await _warm_up(session, root, job.warm_up)
+            await _warm_up(conns, job.warm_up)
         except MeasurementError as e:
             conn.send(("error", str(e)))
             return
@@ -508,7 +405,7 @@ async def _work(conn: multiprocessing.connection.Connection, inbox: queue.Simple
         if not (isinstance(go, tuple) and go[0] == "go"):
             inbox.put(go)  # None (the replay's process is gone): _worker must see it too, and exit
             return
-        run = _Run(session, root, job.sends, job.run_id, job.options.max_concurrency)
+        run = _Run(conns, job.sends, job.run_id, job.options.max_concurrency)
         sending = run.start(go[1])
         reported = 0
         cut = False
@@ -605,8 +502,8 @@ def _pool(n: int) -> _Pool:
 
 def _discover_model_sync(url: str, options: ReplayOptions) -> str:
     async def ask() -> str:
-        async with _session(options) as session:
-            return await discover_model(session, url.rstrip("/"))
+        async with _client(options) as client:
+            return await discover_model(client, url)
 
     return asyncio.run(ask())
 

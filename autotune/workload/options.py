@@ -165,7 +165,7 @@ def add_arguments(
     r.add_argument(
         "--workers",
         type=int,
-        help="processes that send and time the requests (default: one per 10,000 output tok/s the load needs, "
+        help="processes that send and time the requests (default: one per 20,000 output tok/s the load needs, "
         "up to a quarter of the cores)",
     )
     if request_timeout:
