@@ -144,9 +144,6 @@ def render_study(
     """
     name = study_name(req)
     runs = _abs(req.runs_dir)
-    local = Path(req.model).is_dir()
-    model = _abs(req.model) if local else req.model
-    command = EngineCommand.parse_command(req.engine_command)  # a bad command line fails here, not at trial 0
     slos = ", ".join(_toml_value(s.text) for s in req.slos)
     out = [
         f"# autotune study {name}. Run (or resume) it:  autotune study {_abs(path or default_path(req))}",
@@ -157,35 +154,8 @@ def render_study(
         "# every trial, for `autotune report` and `autotune dashboard` (PostgreSQL to share it between hosts)",
         f"storage = {_toml_value(f'sqlite:///{runs}/studies.db')}",
         f"runs_dir = {_toml_value(runs)}             # engine logs, the best config, the report",
-        "",
-        "[engine]",
-        f"command = {_toml_value(' '.join(command))}",
-        f"model = {_toml_value(model)}",
     ]
-    if platform.name == "cpu":
-        out.append('platform = "cpu"               # no NVIDIA GPU was visible to NVML: vLLM\'s CPU backend')
-    else:
-        g = platform.gpus[0]
-        seen = "declared by the engine command" if platform.declared else "found by NVML"
-        out.append(f'platform = "cuda"              # {len(platform.gpus)}x {g.name}, {seen}')
-    out += [
-        f"port = {req.port}                     # staging engine port (localhost)",
-        'startup_timeout = "15m"        # a start slower than this is a failed trial',
-    ]
-    if platform.declared:
-        g = platform.gpus[0]
-        out += [
-            "",
-            "[engine.gpu]                   # the GPU the default space and the pre-check size for",
-            f"name = {_toml_value(g.name)}",
-            f'memory = "{g.total_bytes >> 20}MiB"',
-            f"count = {len(platform.gpus)}",
-        ]
-    fixed = dict(req.extra_args)
-    if req.tokenizer is not None and not local and tokenizer_arg is not None:
-        fixed.setdefault(tokenizer_arg, _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
-    out += ["", "[engine.args]                  # fixed for every trial: the search never changes these"]
-    out += [f"{k} = {_toml_value(v)}" for k, v in fixed.items()] or ["# max_model_len = 8192"]
+    out += _engine_lines(req, platform, tokenizer_arg)
 
     out += [
         "",
@@ -213,6 +183,43 @@ def render_study(
         "",
     ]
     return "\n".join(out)
+
+
+def _engine_lines(req: StudyRequest, platform: Platform, tokenizer_arg: str | None) -> list[str]:
+    """The study file's [engine], [engine.gpu] and [engine.args] tables."""
+    local = Path(req.model).is_dir()
+    command = EngineCommand.parse_command(req.engine_command)  # a bad command line fails here, not at trial 0
+    out = [
+        "",
+        "[engine]",
+        f"command = {_toml_value(' '.join(command))}",
+        f"model = {_toml_value(_abs(req.model) if local else req.model)}",
+    ]
+    if platform.name == "cpu":
+        out.append('platform = "cpu"               # no NVIDIA GPU was visible to NVML: vLLM\'s CPU backend')
+    else:
+        g = platform.gpus[0]
+        seen = "declared by the engine command" if platform.declared else "found by NVML"
+        out.append(f'platform = "cuda"              # {len(platform.gpus)}x {g.name}, {seen}')
+    out += [
+        f"port = {req.port}                     # staging engine port (localhost)",
+        'startup_timeout = "15m"        # a start slower than this is a failed trial',
+    ]
+    if platform.declared:
+        g = platform.gpus[0]
+        out += [
+            "",
+            "[engine.gpu]                   # the GPU the default space and the pre-check size for",
+            f"name = {_toml_value(g.name)}",
+            f'memory = "{g.total_bytes >> 20}MiB"',
+            f"count = {len(platform.gpus)}",
+        ]
+    fixed = dict(req.extra_args)
+    if req.tokenizer is not None and not local and tokenizer_arg is not None:
+        fixed.setdefault(tokenizer_arg, _abs(req.tokenizer))  # the engine counts tokens as the prompts were built
+    out += ["", "[engine.args]                  # fixed for every trial: the search never changes these"]
+    out += [f"{k} = {_toml_value(v)}" for k, v in fixed.items()] or ["# max_model_len = 8192"]
+    return out
 
 
 def validated(text: str) -> str:
