@@ -398,8 +398,10 @@ def judge(
     trials_seen: int = 0,
     resolution: float = REMEASURE_RESOLUTION,
     confidence: float = CONFIDENCE,
+    post: Posterior | None = None,
 ) -> Remeasurement:
-    """The verdict; the best baseline is the last candidate.
+    """The verdict; the best baseline is the last candidate. ``post``: the candidates' posterior where the caller
+    has built it already (``posterior_of(cands, resolution)``).
 
     Every measurement of each candidate (its search's and its re-measured runs) goes into one posterior of their
     capacities (``study/posterior.py``). The winner has the highest posterior median, the baseline on a tie; its gain
@@ -407,7 +409,7 @@ def judge(
     stated over a baseline that held every load it was offered: its capacity is above its median by an unknown
     amount. ``p_within`` is the probability that the config recommended is within WITHIN of the best candidate.
     """
-    post = posterior_of(cands, resolution)
+    post = post or posterior_of(cands, resolution)
     b = len(cands) - 1
     # a candidate that held every load it was offered is known only to be at least its floor: it ranks there
     medians = [

@@ -55,7 +55,7 @@ from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.measurer import EngineMeasurer, Measurer
 from autotune.study.notes import save_notes
-from autotune.study.posterior import Bracket
+from autotune.study.posterior import Bracket, Posterior
 from autotune.study.records import (
     NO_MEASUREMENT,
     Attr,
@@ -558,11 +558,10 @@ class StudyRun:
         save_notes(study, [s.text for s in self.d.slos])
 
     @staticmethod
-    def _next_run(cands: list[Candidate], pick: int, measured: list[int]) -> int:
-        """The candidate to run next: the recommended one (``pick``) or the challenger most likely to beat it,
-        whichever has fewer measurements (the recommended one on a tie)."""
-        post = posterior_of(cands)
-        others = [i for i in range(len(cands)) if i != pick]
+    def _next_run(post: Posterior, pick: int, measured: list[int]) -> int:
+        """The candidate to run next: the recommended one (``pick``) or the challenger ``post`` gives the most
+        chance of beating it, whichever has fewer measurements (the recommended one on a tie)."""
+        others = [i for i in range(len(measured)) if i != pick]
         if not others:
             return pick
         challenger = max(others, key=lambda i: post.p_better(i, pick))
@@ -610,13 +609,14 @@ class StudyRun:
             f"{confidence:g}, at most {budget} runs"
         )
         for n in range(budget):
-            verdict = judge(cands, len(study.trials), confidence=confidence)
+            post = posterior_of(cands)
+            verdict = judge(cands, len(study.trials), confidence=confidence, post=post)
             pick = next(i for i, c in enumerate(cands) if c.trial_number == verdict.recommended_trial)
             measured = [len(c.brackets(REMEASURE_RESOLUTION)) for c in cands]
             if verdict.p_within is not None and verdict.p_within >= confidence and measured[pick] >= 2:
                 self.notice(f"re-measured enough after {n} runs: {verdict.sentence()}")
                 break
-            c = cands[self._next_run(cands, pick, measured)]
+            c = cands[self._next_run(post, pick, measured)]
             rep = len(c.capacities)
             self.show(f"re-measuring {c.label} (run {n + 1} of at most {budget})")
             out = self.measurer.measure(
