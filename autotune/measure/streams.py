@@ -22,7 +22,7 @@ import httptools
 from autotune.errors import MeasurementError
 from autotune.measure.metrics import RequestResult
 
-__all__ = ["Connections", "SseEvents"]
+__all__ = ["Connections", "SseEvents", "error_text"]
 
 _TOKEN_EVENT = b'"choices":[{'
 # A connection idle longer is closed, not reused: servers close idle ones (uvicorn after 5 s), and a request sent
@@ -38,6 +38,7 @@ def _tls() -> ssl.SSLContext:
 
 
 def error_text(e: BaseException) -> str:
+    """An exception as a result's error: its type, and its message where it has one."""
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 

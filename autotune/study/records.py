@@ -409,7 +409,7 @@ def judge(
     stated over a baseline that held every load it was offered: its capacity is above its median by an unknown
     amount. ``p_within`` is the probability that the config recommended is within WITHIN of the best candidate.
     """
-    post = post or posterior_of(cands, resolution)
+    post = post if post is not None else posterior_of(cands, resolution)
     b = len(cands) - 1
     # a candidate that held every load it was offered is known only to be at least its floor: it ranks there
     medians = [
