@@ -170,6 +170,7 @@ class _Connection(asyncio.Protocol):
         self.ts = 0.0  # when the bytes being parsed arrived
         self.idle_since = 0.0
         self.complete = False  # the last response was read to its end
+        self.served = False  # it has served a request before
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -248,9 +249,9 @@ class Connections:
         self._open.clear()
         self._idle.clear()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, fresh: bool = False) -> _Connection:
         now = time.perf_counter()
-        while self._idle:
+        while self._idle and not fresh:
             conn = self._idle.pop()
             if not conn.closed and now - conn.idle_since < _IDLE_S:
                 return conn
@@ -279,10 +280,18 @@ class Connections:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                conn = await self._connection()
-                reading = _Reading(result, st, asyncio.get_running_loop().create_future())
-                conn.send(data, reading)
-                await reading.finished
+                for fresh in (False, True):
+                    conn = await self._connection(fresh)
+                    reading = _Reading(result, st, asyncio.get_running_loop().create_future())
+                    reused = conn.served
+                    conn.send(data, reading)
+                    await reading.finished
+                    # a kept-alive connection the server closed as this request went out (a proxy's reload, an
+                    # idle timeout) never saw it: it is sent once more, on a new connection
+                    if not (reused and reading.status == 0 and conn.closed and not result.success):
+                        break
+                    self._drop(conn)
+                    result.error = ""
         except (OSError, TimeoutError) as e:
             result.error = error_text(e)
         except BaseException:
@@ -292,6 +301,7 @@ class Connections:
         if conn is None:
             return
         if conn.complete and not conn.closed:
+            conn.served = True
             conn.idle_since = time.perf_counter()
             self._idle.append(conn)
         else:
