@@ -186,9 +186,10 @@ def tie_with_production_one_run_each():
 def test_a_tie_publishes_no_sampled_config():
     c = tuning.choose(tie_with_the_defaults())
     assert c.trial == 0, c  # vllm-defaults stands for the tie: the known config, not the sampled one
+    assert c.winner == 0, c  # and it is the winner the best-capacity gauge reports, not trial 3
     assert "tie" in c.why and "baseline vllm-defaults 11.09 req/s vs production 5.00" in c.why
     c = tuning.choose(tie_with_production_one_run_each())
-    assert c.trial is None, c
+    assert c.trial is None and c.winner == 2, c  # the study's winner, within the noise of production: kept, not published
     assert "within the noise" in c.why and "0.00 > 0.00" not in c.why
 
 

@@ -432,3 +432,51 @@ def test_the_stream_reader_times_every_read_and_says_how_a_response_failed():
     assert len(peers) == 2 and peers[0] == peers[1]  # one connection, kept alive
     assert not missing.success and missing.error.startswith("HTTP 404: "), missing.error
     assert not cut.success and cut.error.startswith("ServerDisconnectedError"), cut.error
+
+
+def test_a_request_the_server_closed_a_kept_alive_connection_on_is_sent_once_more_on_a_new_one():
+    """A server that closes a kept-alive connection as the next request arrives, answering nothing (a proxy's
+    reload, an idle timeout), never saw that request: it is sent again on a new connection and succeeds there.
+    A new connection closed before any answer is the server's failure, said once, not retried."""
+    import asyncio
+
+    from autotune.measure.metrics import RequestResult
+    from autotune.measure.streams import Connections
+
+    body = b'data: {"choices":[{"index":0,"text":" t"}]}\n\ndata: [DONE]\n\n'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    served = []  # (connection, its n-th request, answered)
+
+    async def handle(reader, writer):
+        conn = len({c for c, _, _ in served})
+        for n in range(1, 10):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")).split(b":")[1])
+            await reader.readexactly(length)
+            answered = n == 1 and b"/v1/drop" not in head
+            served.append((conn, n, answered))
+            if not answered:
+                writer.close()
+                return
+            writer.write(answer)
+            await writer.drain()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        results = [RequestResult(index=i, scheduled_s=0.0, sent_s=0.0, success=False) for i in range(3)]
+        try:
+            async with Connections(f"http://127.0.0.1:{port}") as conns:
+                for res, path in zip(results, ("/v1/completions", "/v1/completions", "/v1/drop")):
+                    await conns.stream(path, b"{}", res)
+        finally:
+            server.close()
+        return results
+
+    first, second, dropped = asyncio.run(go())
+    assert first.success and second.success and second.output_tokens == 1, (first, second)
+    # connection 0 served the first and closed on the second, which connection 1 then served as its first
+    assert served[:3] == [(0, 1, True), (0, 2, False), (1, 1, True)], served
+    assert not dropped.success and dropped.error, dropped
+    # the dropped request: sent on kept-alive connection 1, then once on new connection 2, and no more
+    assert served[3:] == [(1, 2, False), (2, 1, False)], served

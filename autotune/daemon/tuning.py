@@ -17,6 +17,7 @@ import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +199,12 @@ def for_production(deployed: Mapping[str, Any] | None, ran: Mapping[str, Any], t
 @dataclass(frozen=True)
 class Choice:
     """What a finished tuning means for production: the trial whose config to publish (None: production's
-    stays), and why, in numbers."""
+    stays), and why, in numbers. ``winner`` is the trial the tuning's verdict stands on, published or not: the
+    study's winner, or the baseline that stands for it when the two tie."""
 
     trial: int | None
     why: str
+    winner: int
 
 
 def choose(result: StudyResult) -> Choice:
@@ -232,22 +235,23 @@ def choose(result: StudyResult) -> Choice:
                 f"{verdict.baseline} held every load it was offered, so {verdict.winner}'s lead over it is "
                 f"unknown and {verdict.baseline} stands for both; "
             )
+    decided = partial(Choice, winner=pick["trial"])
     tried = [r for r in result.records if r.baseline == "production"]
     prod = _measured_production(result)
     if not tried:  # the study's own verdict decides, said in the study's words
-        return Choice(pick["trial"] if verdict.significant else None, verdict.sentence())
+        return decided(pick["trial"] if verdict.significant else None, verdict.sentence())
     if any(pick["trial"] == r.number for r in tried):
-        return Choice(None, f"{tie}production's own config won")
+        return decided(None, f"{tie}production's own config won")
     ran = (result.trial(pick["trial"]).attrs.get(Attr.ENGINE_ARGS) or {}).get("values")
     if ran is not None and any(
         _norm(ran) == _norm(r.attrs[Attr.ENGINE_ARGS].get("values") or {})
         for r in tried
         if r.attrs.get(Attr.ENGINE_ARGS)
     ):
-        return Choice(None, f"{tie}{pick['label']} runs production's own config")
+        return decided(None, f"{tie}{pick['label']} runs production's own config")
     if prod is None:  # interrupted or failed: production's capacity is unknown, not zero
         how = ", ".join(f"trial {r.number} {r.state.name.lower()}" for r in tried)
-        return Choice(
+        return decided(
             None,
             f"{tie}production's baseline has no measurement ({how}): nothing to compare "
             f"{pick['label']} with; production's capacity is unknown, not 0",
@@ -255,7 +259,7 @@ def choose(result: StudyResult) -> Choice:
     remeasured = verdict.candidate(prod.number)
     prod_cap = remeasured["median"] if remeasured else prod.capacity_rps
     if remeasured.get("at_least", False) if remeasured else prod.capacity_at_least:
-        return Choice(
+        return decided(
             None,
             f"{tie}production's config held every load it was offered: {prod_cap:.2f} req/s is where "
             "its ladder stopped, not its capacity, so no gain over it can be stated (a higher "
@@ -280,8 +284,8 @@ def choose(result: StudyResult) -> Choice:
         else f"{floor:.2f}: {why_floor}, more than their spread {noise:.2f}"
     )
     if gain > floor:
-        return Choice(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
-    return Choice(None, f"{tie}{numbers}: {_differ(gain, floor, said)}")
+        return decided(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
+    return decided(None, f"{tie}{numbers}: {_differ(gain, floor, said)}")
 
 
 def _measured_production(result: StudyResult) -> TrialRecord | None:

@@ -199,7 +199,9 @@ class TuningPhase:
         if rc == 1 or result.remeasurement is None:
             self.d.decided(Phase.WATCHING, note=f"tuning {st.study_name}: no config met the SLOs{held}", **done)
             return
-        self.d.metrics.best_capacity.set(result.trial(result.remeasurement.winner_trial).capacity_rps)
+        choice = choose(result)
+        # the capacity of what the tuning stands on: a baseline that ties with the study's winner stands for it
+        self.d.metrics.best_capacity.set(result.trial(choice.winner).capacity_rps)
         if moved is not None:
             # its `production` baseline measured a config production no longer runs: a gain over it means nothing
             self.d.decided(
@@ -210,7 +212,6 @@ class TuningPhase:
                 **done,
             )
             return
-        choice = choose(result)
         if choice.trial is None:
             self.d.decided(
                 Phase.WATCHING, note=f"tuning {st.study_name}: production's config stays ({choice.why}){held}", **done
