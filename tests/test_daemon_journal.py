@@ -17,7 +17,7 @@ from autotune.daemon.state import DaemonState, Phase
 from autotune.study.records import StudyResult
 from tests.test_daemon_decisions import _beats_production, daemon_file  # noqa: F401  (daemon_file: the fixture)
 
-WHY = "trial 2 11.00 req/s vs production 5.00: +6.00 req/s, more than the noise (0.20: the spread of their re-measured runs)"
+WHY = "trial 2 11.00 req/s vs production 5.00: +6.00 req/s; P = 1.00 that it beats production by more than 2% (a gain worth a restart), 0.9 required"
 
 
 class _Child:
@@ -33,7 +33,7 @@ class _Child:
         pass
 
 
-def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_spread_of_the_winner(capsys, daemon_file,
+def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_probability_of_the_winner(capsys, daemon_file,
                                                                                           monkeypatch):
     cfg = replace(load_daemon_config(daemon_file()), approval=True)
     d = Daemon(cfg)

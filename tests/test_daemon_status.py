@@ -16,7 +16,7 @@ from tests.test_daemon_decisions import _beats_production, cli, daemon_file, ent
 from tests.test_daemon_decisions import tie_with_production_one_run_each
 
 
-def test_status_shows_the_proposal_its_diff_its_gain_and_spread_and_the_last_decision(capsys, daemon_file, state_dir,
+def test_status_shows_the_proposal_its_diff_its_gain_and_its_probability_and_the_last_decision(capsys, daemon_file, state_dir,
                                                                                       monkeypatch):
     p = daemon_file()
     root = state_dir / "daemon" / "prod"
@@ -32,7 +32,7 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_spread_and_the_last_dec
     code, out, err = cli(capsys, "status", "--config", p)
     assert code == 0, err
     lines = out.splitlines()
-    why = "trial 2 11.00 req/s vs production 5.00: +6.00 req/s, more than the noise (0.20: the spread of their re-measured runs)"
+    why = "trial 2 11.00 req/s vs production 5.00: +6.00 req/s; P = 1.00 that it beats production by more than 2% (a gain worth a restart), 0.9 required"
     assert lines[0].startswith("phase: awaiting_approval since "), out
     assert "proposal: entry 2, trial 2 of prod-tune-001 (tuned because: requested: test)" in lines, out
     assert f"  gain: {why}" in lines, out
@@ -60,4 +60,5 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_spread_and_the_last_dec
     assert not any(x.startswith("proposal:") for x in lines), out  # rejected: none waits
     decision = next(x for x in lines if x.startswith("last decision: "))
     assert (": tuning prod-tune-002: production's config stays (trial 2 8.00 req/s vs production 8.00: +0.00 req/s, "
-            "within the noise (0.16: 2 % of production's capacity, more than their spread 0.00))") in decision, decision
+            "not surely a gain (P = ") in decision, decision
+    assert "that it beats production by more than 2% (a gain worth a restart), 0.9 required))" in decision, decision

@@ -28,8 +28,10 @@ from autotune.daemon.fingerprint import Fingerprint, workload_from
 from autotune.errors import ConfigError
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition, derive_study, load_study
+from autotune.study.posterior import Posterior
 from autotune.study.records import Attr, StudyResult, TrialRecord, step_share
 from autotune.study.runner import build_space
+from autotune.study.scoring import CONFIDENCE
 from autotune.workload.prompts import PromptBuilder, load_tokenizer, materialize
 from autotune.workload.trace import write_trace
 
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 TUNING_REQUESTS = 400  # requests in a re-tuning study's synthesized trace
-MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, whatever the spread says
+MIN_GAIN = 0.02  # a gain below 2 % of production's capacity is not worth a restart, however sure it is
 WARM_SHARE = 3  # earlier winners take at most a third of a tuning's trial budget
 WARM_TOP = 3  # and never more than this many
 
@@ -208,11 +210,13 @@ class Choice:
 
 
 def choose(result: StudyResult) -> Choice:
-    """Publish only a config whose re-measured capacity beats production's by more than the noise.
+    """Publish only a config that surely beats production by more than a gain worth a restart.
 
-    The noise is the larger spread of the two (`Candidate.spread` of their re-measured runs), and never less
-    than MIN_GAIN of production's capacity, nor than the re-measurement's step (1.05x) at it: one run each
-    has no spread, and a 0.004 req/s "gain" is a tie. The study's own verdict compares its winner with the
+    Every measurement the study made of the two configs (each ladder that ran them, each re-measured run) goes
+    into one posterior of their capacities (``study/posterior.py``: heavy-tailed noise, so one stalled run moves it
+    a little); the config is published when that posterior gives it at least the verdict's confidence (0.9 by
+    default) of a capacity above production's by more than MIN_GAIN, and never less than the re-measurement's step
+    (1.05x): capacities one step apart may be one config. The study's own verdict compares its winner with the
     best *baseline*: when they tie, the winner is no better than that baseline, and the baseline (a known
     config, such as vLLM's defaults) is the one to weigh against production. Production's capacity is its re-measured
     median if it was re-measured, else its one measurement. Without a production baseline (nothing
@@ -265,27 +269,24 @@ def choose(result: StudyResult) -> Choice:
             "its ladder stopped, not its capacity, so no gain over it can be stated (a higher "
             "[objective] max_steps in the staging study finds it)",
         )
-    noise = max(pick["spread"], remeasured["spread"] if remeasured else 0.0)
     # two capacities one re-measurement step apart may be the same config, as the study's verdict holds too
     share = max(MIN_GAIN, step_share(verdict.resolution))
-    floor = max(noise, share * prod_cap)
+    confidence = verdict.confidence if verdict.confidence is not None else CONFIDENCE
+    post = Posterior.of([result.evidence_of(pick["trial"]), result.evidence_of(prod.number)])
+    p = post.p_better(0, 1, share)
     gain = pick["median"] - prod_cap
     at_least = "at least " if pick.get("at_least") else ""
-    numbers = f"{pick['label']} {at_least}{pick['median']:.2f} req/s vs production {prod_cap:.2f}"
-    # the noise in words: which of the spread and the floor it is, and the spread itself either way
-    why_floor = (
-        "2 % of production's capacity"
+    numbers = f"{pick['label']} {at_least}{pick['median']:.2f} req/s vs production {prod_cap:.2f}: {gain:+.2f} req/s"
+    # the margin in words: a restart is worth a gain above MIN_GAIN, and the ladder resolves no finer than its step
+    margin = (
+        f"{share:.0%} (a gain worth a restart)"
         if share == MIN_GAIN
-        else f"the re-measurement ladder's {verdict.resolution:g}x step at production's capacity"
+        else f"{share:.0%} (the re-measurement ladder's {verdict.resolution:g}x step)"
     )
-    said = (
-        f"{floor:.2f}: the spread of their re-measured runs"
-        if noise >= share * prod_cap
-        else f"{floor:.2f}: {why_floor}, more than their spread {noise:.2f}"
-    )
-    if gain > floor:
-        return decided(pick["trial"], f"{tie}{numbers}: {gain:+.2f} req/s, more than the noise ({said})")
-    return decided(None, f"{tie}{numbers}: {_differ(gain, floor, said)}")
+    said = f"P = {p:.2f} that it beats production by more than {margin}, {confidence:g} required"
+    if p >= confidence:
+        return decided(pick["trial"], f"{tie}{numbers}; {said}")
+    return decided(None, f"{tie}{numbers}, not surely a gain ({said})")
 
 
 def _measured_production(result: StudyResult) -> TrialRecord | None:

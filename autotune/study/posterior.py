@@ -90,9 +90,9 @@ class Posterior:
     def median(self, i: int) -> float:
         return self.quantile(i, 0.5)
 
-    def p_better(self, i: int, j: int) -> float:
-        """P(config i's capacity is above config j's)."""
-        return float(np.mean(self.samples[:, i] > self.samples[:, j]))
+    def p_better(self, i: int, j: int, margin: float = 0.0) -> float:
+        """P(config i's capacity is above config j's by more than ``margin``, a share of j's)."""
+        return float(np.mean(self.samples[:, i] > (1 + margin) * self.samples[:, j]))
 
     def p_within(self, i: int, share: float) -> float:
         """P(config i's capacity is at least ``share`` of the best of the configs compared)."""

@@ -504,6 +504,28 @@ class StudyResult:
         said = f"at least {low:.2f} req/s" if high is None else f"{low:.2f} req/s (its next load, {high:.2f}, missed)"
         return low, said
 
+    def evidence_of(self, number: int) -> list[Bracket]:
+        """Every measurement the study made of trial ``number``'s config: the ladder of each trial that ran it (a
+        twin that took another's result measured nothing) and each of its re-measured runs, as brackets."""
+        r = self.trial(number)
+        ran = r.attrs.get(Attr.ENGINE_ARGS)
+        out = [
+            Bracket(*t.capacity_bracket)
+            for t in self.records
+            if t.steps
+            and t.same_config_as is None
+            and (t.number == number or (ran and t.attrs.get(Attr.ENGINE_ARGS) == ran))
+        ]
+        v = self.remeasurement
+        c = v.candidate(number) if v is not None else None
+        if v is not None and c is not None:
+            runs = [bracket_of([StepRecord.from_json(s) for s in run]) for run in c.get("runs", [])]
+            # a run stored as its capacity alone is known to the ladder's step
+            step = max(v.resolution, REMEASURE_RESOLUTION)
+            given = [Bracket(x, x * step if x > 0 else None) for x in c["capacities"][len(runs) :]]
+            out += [*runs, *given]
+        return out
+
     @property
     def winner(self) -> TrialRecord | None:
         """The config the study declares best, the one written to best.yaml: when a fresh re-measurement exists,

@@ -630,7 +630,8 @@ class StudyRun:
             c.capacities.append(out.capacity_rps)
             c.runs.append([s.record() for s in out.steps])
             self.notice(f"re-measured {c.label} (run {n + 1}): {out.capacity_rps:.2f} req/s")
-        verdict = judge(cands, len(study.trials), confidence=confidence)  # a later trial makes it stale
+        else:  # the budget ran out: the verdict reads the last run too
+            verdict = judge(cands, len(study.trials), confidence=confidence)
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
         save_notes(study, [s.text for s in self.d.slos])
         return verdict
