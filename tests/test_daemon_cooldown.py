@@ -45,10 +45,10 @@ def _decide(d, now, manual=None):
                   cooldown_s=d.cfg.triggers.cooldown_s, in_window=True, manual=manual)
 
 
-def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_backoff(tuning_daemon, monkeypatch,
+def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_backoff(tuning_daemon,
                                                                                         capsys):
     d = tuning_daemon
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _failed_to_start()))
+    d.read_result = lambda storage, name: _failed_to_start()
     d.tuning.finish(1)  # `autotune study` says "no trial met every SLO"
     st = d.state
     assert st.phase is Phase.WATCHING
@@ -72,10 +72,10 @@ def test_a_tuning_that_measured_nothing_starts_no_cooldown_and_retries_after_a_b
     assert "failed (exit 143); see its log" in d.state.note and "tried again in 20 min" in d.state.note
 
 
-def test_a_tuning_that_published_nothing_starts_the_cooldown_and_says_so(tuning_daemon, monkeypatch, capsys):
+def test_a_tuning_that_published_nothing_starts_the_cooldown_and_says_so(tuning_daemon, capsys):
     d = tuning_daemon
     d.state = d.store.save(replace(d.state, empty_tunings=2, retry_at=1.0))
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
+    d.read_result = lambda storage, name: tie_with_production_one_run_each()
     d.tuning.finish(0)
     st = d.state
     assert st.phase is Phase.WATCHING and d.publishing.job is None

@@ -248,12 +248,12 @@ def test_a_baseline_that_runs_production_s_own_config_is_no_gain_over_it():
 def test_the_daemon_keeps_production_on_a_tie(daemon_file, monkeypatch):
     d = Daemon(load_daemon_config(daemon_file()))
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
+    d.read_result = lambda storage, name: tie_with_production_one_run_each()
     d.tuning.finish(0)
     assert d.state.phase is Phase.WATCHING and "production's config stays" in d.state.note, d.state.note
     assert d.publishing.job is None and [e.outcome for e in d.history.entries()] == []
 
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
+    d.read_result = lambda storage, name: tie_with_the_defaults()
     d.cfg = replace(d.cfg, approval=True)
     d.state = d.store.save(replace(d.state, phase=Phase.TUNING))
     d.tuning.finish(0)
@@ -571,7 +571,7 @@ def test_a_rollback_during_a_tuning_is_not_ignored(capsys, daemon_file, state_di
     text = generate_latest(metrics.registry).decode()
     assert 'entry="3"' in text and 'max_num_seqs="2"' in text, text  # the metric follows the rollback at once
     capsys.readouterr()
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _beats_production()))
+    d.read_result = lambda storage, name: _beats_production()
     d.tuning.finish(0)
     assert d.history.proposal() is None  # measured against a config production no longer runs: nothing proposed
     assert d.state.phase is Phase.WATCHING
@@ -607,8 +607,7 @@ def test_an_interrupted_production_baseline_publishes_nothing(daemon_file, monke
     metrics = DaemonMetrics()
     d = Daemon(load_daemon_config(daemon_file()), metrics=metrics)
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: StudyResult(records, False,
-                                                                                                verdict, 0)))
+    d.read_result = lambda storage, name: StudyResult(records, False, verdict, 0)
     d.tuning.finish(0)
     assert d.publishing.job is None and d.history.entries() == [] and d.state.phase is Phase.WATCHING
     assert "no measurement" in d.state.note and "unknown, not 0" in d.state.note, d.state.note
@@ -624,7 +623,7 @@ def test_production_capacity_is_set_and_trial_gauges_settle_when_a_tuning_ends(d
     d = Daemon(load_daemon_config(daemon_file(top="")), metrics=metrics)
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
     d.metrics.set_trials({"running": 1, "waiting": 1, "complete": 3})  # as the last scrape of the running study saw
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
+    d.read_result = lambda storage, name: result
     monkeypatch.setattr(d.publishing, "_publish", lambda values, source, entry=None: None)
     d.tuning.finish(0)
     text = generate_latest(metrics.registry).decode()
@@ -714,7 +713,7 @@ def test_a_proposal_changes_only_the_tuned_keys_and_production_keeps_its_own(cap
     records = [ran(0, "production", 5.0, 32), ran(1, "vllm-defaults", 6.0, 64), ran(2, None, 11.0, 48)]
     cands = [_cand("trial 2", 2, [11.0, 10.9, 11.1]), _cand("baseline vllm-defaults", 1, [6.0, 6.1, 5.9])]
     result = StudyResult(records, False, _verdict(cands, "trial 2", "baseline vllm-defaults", 5.0, 0.2), 2)
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: result))
+    d.read_result = lambda storage, name: result
     d.tuning.finish(0)
 
     proposal = d.history.proposal()
@@ -845,7 +844,7 @@ def test_a_jump_in_rate_is_imitated_at_the_new_rate_and_recorded_as_tuned_for(da
     d.tuning.start("traffic drift", d.fingerprint)
     assert "imitating 3.00 req/s" in d.state.note, d.state.note
     d.fingerprint = replace(d.fingerprint, request_rate=0.5)  # what the window shows when the verdict comes
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_the_defaults()))
+    d.read_result = lambda storage, name: tie_with_the_defaults()
     monkeypatch.setattr(d.publishing, "_publish", lambda values, source, entry=None: None)
     d.tuning.finish(0)
     assert Fingerprint.from_json(d.state.tuned_fingerprint).request_rate == pytest.approx(3.0)

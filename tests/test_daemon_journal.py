@@ -42,12 +42,12 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_probability_
     full = _beats_production()
     study = {"finished": 0}  # how many of its trials have finished; the next one runs
 
-    def load(cls, storage, name):
+    def load(storage, name):
         records = [r if r.number < study["finished"] else replace(r, state=TrialState.RUNNING)
                    for r in full.records[:study["finished"] + 1]]
         return StudyResult(records, False, full.remeasurement if study["finished"] == 3 else None, 2)
 
-    monkeypatch.setattr(StudyResult, "load", classmethod(load))
+    d.read_result = load
     capsys.readouterr()
 
     def journal() -> list[str]:
@@ -66,7 +66,7 @@ def test_the_journal_has_a_line_per_finished_trial_and_the_gain_and_probability_
     assert len(second) == 1 and second[0].startswith("tuning: prod-tune-001: trial 1 (baseline vllm-defaults) "
                                                      "max_num_seqs=64 -> 6.00 req/s"), second
 
-    d = Daemon(cfg)  # the daemon restarts mid-tuning: what it told stays told
+    d = Daemon(cfg, read_result=load)  # the daemon restarts mid-tuning: what it told stays told
     d.tuning.child = child
     assert journal() == []
 

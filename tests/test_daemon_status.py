@@ -11,7 +11,6 @@ from dataclasses import replace
 from autotune.daemon.config import load_daemon_config
 from autotune.daemon.loop import Daemon
 from autotune.daemon.state import DaemonState, Phase
-from autotune.study.records import StudyResult
 from tests.test_daemon_decisions import _beats_production, cli, daemon_file, entry  # noqa: F401  (daemon_file: the fixture)
 from tests.test_daemon_decisions import tie_with_production_one_run_each
 
@@ -24,7 +23,7 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_its_probability_and_the
     cfg = load_daemon_config(p)
     d = Daemon(replace(cfg, approval=True))
     d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-001", trigger="requested: test"))
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: _beats_production()))
+    d.read_result = lambda storage, name: _beats_production()
     d.tuning.finish(0)
     d.tick()
     assert d.state.phase is Phase.AWAITING_APPROVAL, d.state.note
@@ -48,7 +47,7 @@ def test_status_shows_the_proposal_its_diff_its_gain_and_its_probability_and_the
     d.tick()
     assert d.state.phase is Phase.WATCHING
     d.state = d.store.save(d.state.to(Phase.TUNING, study_name="prod-tune-002", trigger="requested: again"))
-    monkeypatch.setattr(StudyResult, "load", classmethod(lambda cls, storage, name: tie_with_production_one_run_each()))
+    d.read_result = lambda storage, name: tie_with_production_one_run_each()
     d.tuning.finish(0)
     d.tick()
     d.tick()

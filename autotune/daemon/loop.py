@@ -44,7 +44,7 @@ from autotune.daemon.arrivals import ArrivalLog
 from autotune.daemon.config import DaemonConfig, load_daemon_config
 from autotune.daemon.exporter import DaemonMetrics
 from autotune.daemon.fingerprint import Fingerprint, drift
-from autotune.daemon.phase import say
+from autotune.daemon.phase import ResultReader, say
 from autotune.daemon.production import build_target, daemon_root
 from autotune.daemon.publishing import Publishing
 from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, decide
@@ -56,6 +56,7 @@ from autotune.errors import AutotuneError
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.publish.transaction import PublishLock, adopt, same_config
+from autotune.study.records import StudyResult
 
 __all__ = ["Daemon"]
 
@@ -81,6 +82,7 @@ class Daemon:
         root: Path | None = None,
         metrics: DaemonMetrics | None = None,
         autotune_argv: list[str] | None = None,
+        read_result: ResultReader = StudyResult.load,
     ) -> None:
         self.cfg = cfg
         self.root = root or daemon_root(cfg)
@@ -95,6 +97,7 @@ class Daemon:
         )
         self.study = load_staging(cfg.staging_study, self.root)  # the template: checked now, not at the first drift
         self.autotune = autotune_argv or [sys.executable, "-m", "autotune"]
+        self.read_result = read_result
         self.state = self.store.load()
         self.fingerprint: Fingerprint | None = None
         self._lock = threading.Lock()

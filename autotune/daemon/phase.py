@@ -8,6 +8,7 @@ and ``keep`` (the same phase, a new note or fields), each saved and journaled by
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,8 +19,12 @@ from autotune.daemon.state import DaemonState, Phase, StateStore
 from autotune.publish.history import Entry, History
 from autotune.publish.target import Target
 from autotune.study.definition import StudyDefinition
+from autotune.study.records import StudyResult
 
-__all__ = ["PhaseHost", "say"]
+# (storage URL, study name) -> the study as it stands: StudyResult.load; tests hand the daemon results they built
+ResultReader = Callable[[str, str], StudyResult]
+
+__all__ = ["PhaseHost", "ResultReader", "say"]
 
 
 def say(text: str) -> None:
@@ -38,6 +43,7 @@ class PhaseHost(Protocol):
     fingerprint: Fingerprint | None  # the traffic of the last full window (None: none since the last publish)
     study: StudyDefinition  # the staging study, the template of every tuning
     autotune: list[str]  # how to run `autotune` (the tuning's child process)
+    read_result: ResultReader  # how a tuning's study is read back from its storage
 
     def enter(self, phase: Phase, **changes: Any) -> None: ...
 

@@ -156,7 +156,7 @@ class TuningPhase:
         name = self.d.state.study_name
         assert name is not None  # a tuning's state names its study (start)
         try:
-            result = StudyResult.load(self.d.study.storage, name)
+            result = self.d.read_result(self.d.study.storage, name)
         except Exception:  # noqa: BLE001 - not created yet: what says so depends on the storage backend
             return
         self.d.metrics.set_trials(result.counts())
@@ -246,7 +246,7 @@ class TuningPhase:
 
     def result(self, name: str) -> StudyResult | None:
         try:
-            return StudyResult.load(self.d.study.storage, name)
+            return self.d.read_result(self.d.study.storage, name)
         except Exception:  # noqa: BLE001 - the study never started: what says so depends on the storage backend
             return None
 
