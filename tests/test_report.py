@@ -16,7 +16,7 @@ from autotune.measure.session import Step
 from autotune.measure.slo import parse_slos
 from autotune.study.definition import load_study
 from autotune.study.outputs import write_verdict
-from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, StudyResult, judge
+from autotune.study.records import NO_MEASUREMENT, Attr, Candidate, RaceRecord, StudyResult, judge
 from autotune.study.report import MIN_IMPORTANCE_TRIALS, write_report
 
 SLOS = parse_slos(["ttft<300ms", "tpot<50ms"])
@@ -300,6 +300,22 @@ def test_failures_are_grouped_by_class_with_their_proving_lines(tmp_path):
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in by["oom: 1 trial(s)"]
     assert "trial 1 (baseline xinference-4.1)" in by["oom (pre-check, never launched): 1 trial(s)"]
     assert "RuntimeError: engine core died" in by["crashed: 1 trial(s)"]
+
+
+def test_a_trial_that_lost_its_race_says_so_in_the_trials_table(tmp_path):
+    """A pruned trial states no capacity: the table says why, in the console's words, not an empty cell."""
+    d = study_toml(tmp_path)
+    lost = measured(32, [(2.21, 0.90, 0.02)])  # missed the TTFT SLO at the incumbent's load
+    lost = create_trial(params=lost.params, distributions=DIST, state=TrialState.PRUNED,
+                        user_attrs={**lost.user_attrs, Attr.CAPACITY_RPS: 0.0,
+                                    Attr.RACE: RaceRecord(0, 2.21, 1.0).ended(True, 2.21).to_json()})
+    build(d, [*typical(), lost])
+    page = report(d, tmp_path)
+    rows = re.findall(r"<tr>(.*?)</tr>", re.search(r"<table id=\"trials\">(.*?)</table>", page, re.S).group(1), re.S)
+    row = next(r for r in rows if r.startswith("<td>5</td>"))
+    assert "lost the race to trial 0: missed the SLOs at 2.21 req/s, where it holds them" in row, row
+    crashed = next(r for r in rows if r.startswith("<td>4</td>"))
+    assert "crashed: RuntimeError: engine core died" in crashed, crashed
 
 
 def test_what_a_study_stored_is_escaped(tmp_path):

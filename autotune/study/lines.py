@@ -12,7 +12,15 @@ from autotune.measure.session import MIN_OFFERED_SHARE
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.records import TrialRecord
 
-__all__ = ["elapsed_text", "gain_text", "capacity_text", "client_bound_text", "same_trial", "trial_line"]
+__all__ = [
+    "elapsed_text",
+    "gain_text",
+    "capacity_text",
+    "client_bound_text",
+    "same_trial",
+    "stopped_text",
+    "trial_line",
+]
 
 
 def elapsed_text(seconds: float) -> str:
@@ -57,28 +65,33 @@ def _measured(v: dict) -> str:
     return f"{m * 1000:.0f} ms" if latency else f"{m:.2f}"
 
 
+def stopped_text(r: TrialRecord) -> str:
+    """Why a trial states no capacity within the SLOs: its failure, its lost race, the pruner, or its lowest load's
+    miss ("" for one that held the SLOs at some load)."""
+    if r.failure_class:
+        return f"{r.failure_class}: {r.failure}"
+    if r.state == TrialState.PRUNED and r.race and r.race.lost:
+        return (
+            f"lost the race to trial {r.race.incumbent}: missed the SLOs at "
+            f"{r.race.missed_at_rps or 0.0:.2f} req/s, where it holds them"
+        )
+    if r.state == TrialState.PRUNED:
+        return f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
+    if r.state != TrialState.COMPLETE:
+        return r.state.name.lower()
+    return "" if r.feasible and r.capacity_rps > 0 else _missed(r)
+
+
 def trial_line(r: TrialRecord, reference: TrialRecord | None) -> str:
     """One finished trial in our words: which config, why it ran, and its capacity or its failure."""
     config = " ".join(f"{k}={v}" for k, v in r.config.items()) or "(the space's defaults)"
     client_bound = client_bound_text(r)
-    if r.failure_class:
-        outcome = f"{r.failure_class}: {r.failure}"
-    elif r.state == TrialState.PRUNED and r.race and r.race.lost:
-        outcome = (
-            f"lost the race to trial {r.race.incumbent}: missed the SLOs at "
-            f"{r.race.missed_at_rps or 0.0:.2f} req/s, where it holds them"
-        )
-    elif r.state == TrialState.PRUNED:
-        outcome = f"stopped early at {r.capacity_rps:.2f} req/s (the pruner: no better than the median so far)"
-    elif r.state != TrialState.COMPLETE:
-        outcome = r.state.name.lower()
-    elif r.feasible and r.capacity_rps > 0:
+    outcome = stopped_text(r)
+    if not outcome:
         held = "; it held every load offered" if r.capacity_at_least and not client_bound else ""
         outcome = f"{capacity_text(r)} within the SLOs ({r.capacity_output_tok_s:.0f} output tok/s{held})" + (
             "" if same_trial(r, reference) else gain_text(r, reference)
         )
-    else:
-        outcome = _missed(r)
     outcome += client_bound
     if r.same_config_as is not None:
         outcome = f"the same config as trial {r.same_config_as}, not run again: {outcome}"

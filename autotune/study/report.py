@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from autotune.engine.secrets import redact
 from autotune.measure.slo import LATENCY_METRICS
 from autotune.study.definition import StudyDefinition
-from autotune.study.lines import capacity_text
+from autotune.study.lines import capacity_text, stopped_text
 from autotune.study.records import Attr, StudyResult, TrialRecord, constraints_of
 
 __all__ = ["write_report", "MIN_IMPORTANCE_TRIALS"]
@@ -334,7 +334,7 @@ def _history(study: optuna.Study, result: StudyResult):
 
 def _trials(result: StudyResult) -> str:
     return _table(
-        ("#", "config", "why chosen", "state", "capacity req/s", "feasible", "failure", "params", "wall s"),
+        ("#", "config", "why chosen", "state", "capacity req/s", "feasible", "why it has none", "params", "wall s"),
         [
             (
                 t.number,
@@ -343,7 +343,7 @@ def _trials(result: StudyResult) -> str:
                 t.state.name.lower(),
                 f"{t.capacity_rps:.2f}",
                 "yes" if t.feasible else "no",
-                f"{t.failure_class}: {t.failure}" if t.failure_class else "",
+                stopped_text(t),
                 " ".join(f"{k}={v}" for k, v in t.params.items()),
                 f"{t.wall_s:.0f}",
             )
