@@ -45,7 +45,7 @@ storage = "sqlite:///{runs}/studies.db"
 runs_dir = "{runs}"
 
 [engine]
-command = "{python} -m autotune.sim.cli --gpu a10-24gb --time-scale 0.01 serve"
+command = "python -m autotune.sim.cli --gpu a10-24gb --time-scale 0.01 serve"
 model = "llama-3.1-8b"
 platform = "cuda"
 port = {port}
@@ -57,7 +57,7 @@ memory = "23028MiB"
 
 [engine.args]
 max_model_len = 16384
-tokenizer = "{model}"
+tokenizer = "models/tiny-llama"
 
 [space]
 gpu_memory_utilization = {{ type = "categorical", choices = [0.85, 0.92], default = 0.92 }}
@@ -241,22 +241,32 @@ class SimStudy:
 def sim_study(workdir: Path, tiny_model: Path, trials: int = 5, max_steps: int = 3,
               name: str = "sim-screenshots") -> SimStudy:
     """A small real study against vllm-sim, made with the CLI: about a minute with 3 load steps a trial, where
-    every config that meets the SLOs tops out at the same load; 6 steps (a minute and a half) tell them apart."""
+    every config that meets the SLOs tops out at the same load; 6 steps (a minute and a half) tell them apart.
+    It runs in ``workdir`` with the model at models/tiny-llama there and the engine's ``python`` found on the PATH,
+    so what the pages show (argv, best.yaml) holds no path of this machine."""
     workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "models").mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (workdir / "models" / "tiny-llama").symlink_to(tiny_model.resolve(), target_is_directory=True)
     file = workdir / f"{name}.toml"
-    file.write_text(STUDY.format(name=name, runs=workdir, python=sys.executable, port=free_port(), model=tiny_model,
-                                 trials=trials, max_steps=max_steps))
-    env = {**os.environ, "AUTOTUNE_STATE_DIR": str(workdir / "state")}
-    r = run_owned([sys.executable, "-m", "autotune", "study", str(file)], timeout=400, grace=30.0, cwd=ROOT, env=env)
+    file.write_text(STUDY.format(name=name, runs=workdir, port=free_port(), trials=trials, max_steps=max_steps))
+    env = _env(workdir)
+    r = run_owned([sys.executable, "-m", "autotune", "study", str(file)], timeout=400, grace=30.0, cwd=workdir, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"autotune study exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     storage = f"sqlite:///{workdir}/studies.db"  # the runner wrote the notes, after each trial and at the end
     return SimStudy(file, name, storage, workdir / name, r)
 
 
+def _env(workdir: Path) -> dict[str, str]:
+    """The study's environment: its own state directory, and this interpreter's ``python`` first on the PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "AUTOTUNE_STATE_DIR": str(workdir / "state"), "PATH": path}
+
+
 def write_report(s: SimStudy, out: Path) -> Path:
-    r = run_owned([sys.executable, "-m", "autotune", "report", str(s.file), "--out", str(out)], timeout=120, cwd=ROOT,
-                  env={**os.environ, "AUTOTUNE_STATE_DIR": str(s.file.parent / "state")})
+    r = run_owned([sys.executable, "-m", "autotune", "report", str(s.file), "--out", str(out)], timeout=120,
+                  cwd=s.file.parent, env=_env(s.file.parent))
     if r.returncode != 0:
         raise RuntimeError(f"autotune report exited {r.returncode}:\n{r.stderr[-3000:]}")
     return out

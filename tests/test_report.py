@@ -139,7 +139,7 @@ def test_a_significant_gain_is_the_first_line(tmp_path):
     page = report(d, tmp_path)
     line = first_line(page)
     # posterior medians: each run's capacity is known to its 1.05x step, so 3.1-3.3 puts it at ~3.26
-    assert line == ("Winner: trial 2 (max_num_seqs=64): 3.26 req/s within the SLOs (posterior median, 3 runs), +44 % "
+    assert line == ("Winner: trial 2 (max_num_seqs=64): 3.26 req/s within the SLOs (posterior median, 3 re-measured runs), +44 % "
                     "over baseline vllm-defaults (2.27 req/s); re-measured, interleaved: trial 2 beats baseline "
                     "vllm-defaults by 1.00 req/s (P = 1.00 that it is better, 0.9 required): deploy trial 2.")
     text = verdict_of(page)
@@ -170,7 +170,7 @@ def test_a_gain_within_the_spread_is_not_significant(tmp_path):
     page = report(d, tmp_path)
     line = first_line(page)
     # the headline names what best.yaml holds: the baseline, since the leader's gain is not sure enough
-    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 runs); "
+    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 re-measured runs); "
                     "re-measured, interleaved: no gain: trial 2 leads baseline vllm-defaults by 0.30 req/s, not "
                     "surely (P = 0.85 that it is better, 0.9 required): keep baseline vllm-defaults.")
     config = re.search(r'<pre id="winner-config">(.*?)</pre>', page, re.S).group(1)
@@ -247,7 +247,7 @@ def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):
     d = study_toml(tmp_path)
     build(d, typical(), runs=[(2, [2.0, 2.1, 2.05]), (0, [2.2, 2.21, 2.25])])
     line = first_line(report(d, tmp_path))
-    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 runs); "
+    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 re-measured runs); "
                     "re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the median; "
                     "keep baseline vllm-defaults.")
 

@@ -112,6 +112,9 @@ def test_the_reports_verdict_is_on_the_rendered_page(report, result, tmp_path):
     if result.winner is not None:
         assert verdict.startswith("Winner:") and f"trial {result.winner.number}" in verdict, verdict[:300]
     assert 'class="main-svg"' in page  # plotly's charts drew: the page's scripts ran
+    # what the docs show holds no path of this machine: the engine's python is found on the PATH, the model
+    # is models/tiny-llama beside the study (the storage URL in the footer, out of the picture, is the one)
+    assert str(shots.ROOT) not in page and page.count(str(report.parent)) == 1, page.count(str(report.parent))
 
 
 def test_a_trials_note_is_on_its_dashboard_page(dash, result, tmp_path):

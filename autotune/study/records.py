@@ -496,10 +496,10 @@ class StudyResult:
         (``TrialRecord.capacity_bracket``)."""
         c = self.remeasurement.candidate(r.number) if self.remeasurement is not None else None
         if c is not None:
-            floor = "at least " if c.get("at_least") else ""
+            floor, n = "at least " if c.get("at_least") else "", len(c["capacities"])
             return c[
                 "median"
-            ], f"{floor}{c['median']:.2f} req/s (posterior median, {len(c['capacities'])} re-measurements)"
+            ], f"{floor}{c['median']:.2f} req/s (posterior median, {n} re-measurement{'s' if n != 1 else ''})"
         low, high = r.capacity_bracket
         said = f"at least {low:.2f} req/s" if high is None else f"{low:.2f} req/s (its next load, {high:.2f}, missed)"
         return low, said

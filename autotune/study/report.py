@@ -99,9 +99,10 @@ def verdict_line(result: StudyResult) -> str:
     r = result.remeasurement
     if r is not None:  # the medians of the interleaved runs: the numbers the verdict itself compares
         win, base = r.candidate(w.number) or r.candidates[-1], r.candidates[-1]
+        n = len(win["capacities"])
         head = (
             f"Winner: trial {w.number} ({_config(w)}): {'at least ' if win.get('at_least') else ''}"
-            f"{win['median']:.2f} req/s within the SLOs (posterior median, {len(win['capacities'])} runs)"
+            f"{win['median']:.2f} req/s within the SLOs (posterior median, {n} re-measured run{'s' if n != 1 else ''})"
         )
         if win is not base and not base.get("at_least"):  # a gain over a floor is unknown
             head += f", {_pct(win['median'], base['median'])} over {base['label']} ({base['median']:.2f} req/s)"
