@@ -271,6 +271,19 @@ def _closed_window() -> str:
     return f'windows = ["{start:%H:%M}-{end:%H:%M}"]'
 
 
+def test_a_retune_asked_while_a_tuning_runs_is_answered_by_it_not_queued(capsys, daemon_file):
+    """A queued request would start a second tuning on the traffic after the first: on a surge's aftermath, not
+    the surge the person asked about. One running answers it, and the command says so."""
+    p = daemon_file()
+    d = Daemon(load_daemon_config(p))
+    d.state = d.store.save(DaemonState(phase=Phase.TUNING, study_name="prod-tune-004", trigger="traffic drift 0.57 > 0.50"))
+    code, said, err = cli(capsys, "retune", "--config", p, "--reason", "the surge")
+    assert code == 0, err
+    assert said.startswith("autotune: a tuning is running (prod-tune-004, traffic drift 0.57 > 0.50): it answers this "
+                           "request, so none is queued"), said
+    assert d.store.retune_request() is None
+
+
 def test_a_retune_outside_the_windows_stays_pending_until_one_opens(capsys, daemon_file, monkeypatch):
     p = daemon_file(tuning=_closed_window())
     cfg = load_daemon_config(p)
@@ -818,6 +831,42 @@ def test_a_part_window_is_not_judged(daemon_file):
 
 
 # --- issue 30, 1: a tuning imitates the traffic after a jump, and production is then judged against that ----------
+
+def test_a_retune_asked_as_the_traffic_jumps_waits_for_the_new_level_and_imitates_it(daemon_file, monkeypatch):
+    """A person asks for a tuning one scrape into a surge (3 -> 12 req/s): the fingerprint's rate is a blend of the
+    two levels (a split must span two scrape intervals), and the newest scrape already arrives at another rate. Whichever trigger
+    fires, the tuning waits for the traffic to settle (the request stays pending) and imitates the new level."""
+    from autotune.daemon.prometheus import Snapshot
+
+    d = Daemon(load_daemon_config(daemon_file()))
+    monkeypatch.setattr(d.tuning, "write_study", lambda *a: None)
+    monkeypatch.setattr(d.tuning, "spawn", lambda: None)
+    every, n = d.cfg.scrape_interval_s, round(d.cfg.window_s / d.cfg.scrape_interval_s)
+    state = {"t": 0.0, "total": 0.0}
+
+    def scrape(rate):
+        state["t"] += every
+        state["total"] += rate * every
+        return d.watcher.add(Snapshot(state["t"], {"requests": state["total"]}, {}, {}))
+
+    d.watcher.add(Snapshot(0.0, {"requests": 0.0}, {}, {}))
+    rates = iter([3.0] * n + [12.0] * n)
+    d.watcher.poll = lambda: scrape(next(rates))
+    for _ in range(n + 1):  # a full window at 3 req/s, then one scrape at 12
+        obs = d._observe()
+    assert 3.0 * 1.25 < d.fingerprint.request_rate < 0.8 * 12, d.fingerprint  # the blend the tuning must not imitate
+    d.store.request_retune("the surge")
+    d._watching(obs)
+    assert d.state.phase is Phase.WATCHING and "the traffic is changing level" in d.state.note, d.state.note
+    assert d.store.retune_request() == "the surge"  # still pending: the tuning it asked for has not started
+    for _ in range(n - 1):
+        d._watching(d._observe())
+        if d.state.phase is Phase.TUNING:
+            break
+    assert d.state.phase is Phase.TUNING and d.state.trigger == "requested: the surge", d.state
+    assert d.state.imitated["request_rate"] == pytest.approx(12.0), d.state.imitated
+    assert d.store.retune_request() is None
+
 
 def test_a_jump_in_rate_is_imitated_at_the_new_rate_and_recorded_as_tuned_for(daemon_file, monkeypatch):
     from autotune.daemon.prometheus import Snapshot

@@ -295,6 +295,9 @@ class _Watcher:
     def since_change(self, min_span_s):
         return None  # one level of traffic through the window
 
+    def recent(self, span_s):
+        return None  # too few scrapes to say
+
 
 @pytest.mark.parametrize("requests, saturated, expect", [
     (19, False, (None, None, False)),  # too few to judge anything

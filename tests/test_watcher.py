@@ -435,6 +435,19 @@ def test_the_rate_after_a_jump_is_read_from_the_change_point():
     w.close()
 
 
+def test_the_newest_scrape_says_when_the_traffic_has_moved_from_a_fingerprints_rate():
+    from autotune.daemon.window import moved_from
+
+    def last(n, dt=1.0):  # n requests arrived in the newest dt seconds
+        return Window(0.0, dt, {"requests": float(n)}, {}, {})
+
+    assert moved_from(last(12), 6.13)  # one 1-s scrape into a 3 -> 12 req/s surge, against the window's blend
+    assert not moved_from(last(12), 12.0) and not moved_from(last(4), 3.0)  # at the rate: settled
+    assert not moved_from(last(7), 3.0)  # 2.3x, but seven requests in a second at 3 req/s is Poisson luck
+    assert moved_from(last(0, dt=2.0), 3.0)  # nothing for 2 s where 6 were due: the traffic stopped
+    assert not moved_from(last(110, dt=10.0), 10.0)  # 10 % off: no change of level, however sure
+
+
 def test_steady_traffic_with_poisson_noise_has_no_change_point():
     import numpy as np
 

@@ -100,8 +100,17 @@ def _pending_why(cfg, st) -> str:
 
 def cmd_retune(a: argparse.Namespace) -> int:
     from autotune.daemon.production import has_state
+    from autotune.daemon.state import Phase
 
     cfg, root, store, _ = _daemon_parts(a, need_state=False)
+    st = store.load()
+    if st.phase is Phase.TUNING:
+        # one tuning answers a request: one asked while a tuning runs would otherwise start on the traffic after it
+        print(
+            f"autotune: a tuning is running ({st.study_name}, {st.trigger}): it answers this request, so none is "
+            "queued; `autotune status` follows it, and a retune asked once it ends starts another"
+        )
+        return EXIT_OK
     store.request_retune(a.reason)
     if not has_state(root):  # a daemon started later with this config reads it there
         print(f"autotune: note: {_no_state(cfg, [root])}; the request waits for it in {root}", file=sys.stderr)

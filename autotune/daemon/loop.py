@@ -51,6 +51,7 @@ from autotune.daemon.state import DaemonState, Observation, Phase, StateStore, d
 from autotune.daemon.tuning import load_staging, production_capacity
 from autotune.daemon.tuning_phase import TuningPhase
 from autotune.daemon.watcher import Watcher
+from autotune.daemon.window import moved_from
 from autotune.engine.health import probe
 from autotune.errors import AutotuneError
 from autotune.publish.history import Entry, History
@@ -61,6 +62,7 @@ from autotune.study.records import StudyResult
 __all__ = ["Daemon"]
 
 MIN_REQUESTS = 20  # a window with fewer finished requests says too little about the traffic
+LEVEL_SPAN = 2  # scrape intervals: a new level of the traffic counts once it has lasted this long
 FULL_WINDOW = 0.98  # of window_s: a window is judged once it spans that much (ticks land a little early or late)
 
 
@@ -288,7 +290,7 @@ class Daemon:
             # says enough: few finish because production cannot keep up
             return Observation(None, True, saturated=True) if window.saturated else Observation(None, None)
         # a jump in the rate shows first in the window's newest scrapes: two of them are enough when they say so clearly
-        fp = Fingerprint.of(window, self.watcher.since_change(2 * self.cfg.scrape_interval_s))
+        fp = Fingerprint.of(window, self.watcher.since_change(LEVEL_SPAN * self.cfg.scrape_interval_s))
         self.fingerprint = fp
         if self.state.tuned_fingerprint is None:  # the traffic production's config is judged against from now on
             self.note("first full window: traffic fingerprint recorded", tuned_fingerprint=fp.to_json())
@@ -361,13 +363,23 @@ class Daemon:
             windows=self.cfg.windows_text(),
         )
         if d.trigger is None:
-            note = d.waiting or "watching"
-            if self.state.scrape_failing:
-                note += f"; cannot scrape production: {self.state.scrape_error}"
-            self.note(note, breach_streak=d.breach_streak)
+            # a failing scrape is its own journal line (_scrape_news) and `autotune status` line: not this note's
+            self.note(d.waiting or "watching", breach_streak=d.breach_streak)
             return
         if self.fingerprint is None:
             self.note(f"{d.trigger}; waiting for a full window of traffic to imitate", breach_streak=d.breach_streak)
+            return
+        # the newest scrape interval against the rate to imitate: early in a change of level, the window (and a
+        # split of it that must span LEVEL_SPAN intervals) is a blend of two levels, the newest interval is not
+        span = self.cfg.scrape_interval_s
+        recent, rate = self.watcher.recent(span), self.fingerprint.request_rate
+        if recent is not None and rate and moved_from(recent, rate):
+            # whichever trigger fires first, a tuning imitates the traffic's level, never a blend of two levels
+            self.note(
+                f"{d.trigger}; the traffic is changing level (its last {span:g} s arrived at "
+                f"{recent.arrival_rate or 0:.2f} req/s, its window at {rate:.2f}): waiting for it to settle",
+                breach_streak=d.breach_streak,
+            )
             return
         if manual is not None:
             self.store.clear_retune_request()  # taken: this tuning is the one it asked for

@@ -101,6 +101,16 @@ class Watcher:
         k = level_change(snaps, min_span_s)
         return None if k is None else Window.between(snaps[k], snaps[-1], snaps[k + 1 : -1])
 
+    def recent(self, span_s: float) -> Window | None:
+        """The newest scrapes that span ``span_s`` at least (None: fewer than that)."""
+        snaps = self._span()
+        if snaps is None:
+            return None
+        for i in range(len(snaps) - 2, -1, -1):
+            if snaps[-1].t - snaps[i].t >= span_s:
+                return Window.between(snaps[i], snaps[-1], snaps[i + 1 : -1])
+        return None
+
     def _span(self) -> list[Snapshot] | None:
         """The kept snapshots of the latest window, oldest first (None with fewer than two)."""
         if len(self.snapshots) < 2:

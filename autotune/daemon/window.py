@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from autotune.daemon.prometheus import METRICS, Histogram, Snapshot
 from autotune.measure.slo import SLO
 
-__all__ = ["SLOEstimate", "Window", "level_change"]
+__all__ = ["SLOEstimate", "Window", "level_change", "moved_from"]
 
 LEVEL_EVIDENCE = 10.0  # log-likelihood ratio a change of the arrival rate's level must reach (odds of e^10 to 1)
 LEVEL_RATIO = 1.25  # and the rates either side must differ by this factor: smaller changes are no drift anyway
+# log-likelihood ratio past which the newest scrapes arrived at another rate than a fingerprint's (odds of e^2 to 1:
+# a false alarm only defers a tuning by a scrape interval)
+MOVED_EVIDENCE = 2.0
 
 
 @dataclass(frozen=True)
@@ -309,3 +312,16 @@ def level_change(snapshots: Sequence[Snapshot], min_span_s: float) -> int | None
         if evidence > best:
             best, at = evidence, k
     return at if best >= LEVEL_EVIDENCE else None
+
+
+def moved_from(recent: Window, rate: float) -> bool:
+    """Whether the requests that arrived in ``recent`` (the newest scrapes) surely came at another rate than ``rate``
+    (req/s): LEVEL_RATIO apart at least, with a Poisson log-likelihood ratio of MOVED_EVIDENCE. Early in a change of
+    level the window's rate is a blend that ``level_change`` cannot split yet, and the newest scrapes already say
+    the traffic is elsewhere."""
+    n, mu = float(recent.arrivals), rate * recent.dt
+    if recent.dt <= 0 or recent.reset or mu <= 0:
+        return False
+    if 1 / LEVEL_RATIO < n / mu < LEVEL_RATIO:
+        return False
+    return (n * math.log(n / mu) if n > 0 else 0.0) - (n - mu) >= MOVED_EVIDENCE
