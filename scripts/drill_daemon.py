@@ -154,8 +154,11 @@ class Drill:
         self.nginx.upstream_file.parent.mkdir(parents=True, exist_ok=True)
         self.nginx.upstream_file.write_text(f"server {self.target.colors['blue'].backend} max_fails=0;\n")
         self.nginx.start()
-        (self.root / "staging.toml").write_text(STAGING.format(root=self.root, python=PY, port=self.staging_port,
-                                                               model=self.tokenizer))
+        # four load steps, not the daemon tests' two: a saturated production's demand is imitated at what the proxy
+        # has logged (a request is logged as it ends), 75-100 % of it, and two steps from there can end below where
+        # production's config misses: the daemon then rightly states no gain, and the drill has no proposal
+        staging = STAGING.format(root=self.root, python=PY, port=self.staging_port, model=self.tokenizer)
+        (self.root / "staging.toml").write_text(staging.replace("max_steps = 2", "max_steps = 4"))
         self.write_config(slo="ttft<2s")
         self.users = Users(self.nginx.url, STEADY)
         self.start_daemon()
