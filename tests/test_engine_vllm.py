@@ -53,7 +53,10 @@ def test_default_config_measured_end_to_end(tiny_model, vllm_command, engine_env
     assert data["engine_start_s"] > 0 and data["replay_s"] > 0
     m = data["metrics"]
     assert m["completed"] == 30 and m["failed"] == 0
-    assert m["ttft"]["p50"] > 0 and m["tpot"]["p50"] > 0 and m["output_throughput"] > 0
+    assert m["ttft"]["p50"] > 0 and m["output_throughput"] > 0 and m["e2e"]["p50"] >= m["ttft"]["p50"]
+    # a short response a busy API server writes in one burst arrives in one read: a TPOT of 0, as its client saw it
+    # (on a loaded CI host, half of these 8-32 token responses did); the others streamed across reads
+    assert m["tpot"]["mean"] > 0, m["tpot"]
     rows = [json.loads(line) for line in reqs.read_text().splitlines()]
     # ignore_eos + max_tokens: the server generated exactly what the workload asked for
     assert all(row["output_tokens"] == row["expected_output_tokens"] for row in rows)
