@@ -259,11 +259,8 @@ class Candidate:
     evidence: list[Bracket] = field(default_factory=list)  # what the search measured of this config
 
     def brackets(self, resolution: float) -> list[Bracket]:
-        """Every measurement of the config: the search's, then each re-measured run's (from its load steps; a
-        capacity given without them is known to the ladder's step)."""
-        runs = [bracket_of(run) for run in self.runs]
-        given = [Bracket(c, c * resolution if c > 0 else None) for c in self.capacities[len(runs) :]]
-        return [*self.evidence, *runs, *given]
+        """Every measurement of the config (``measured_brackets``)."""
+        return measured_brackets(self.evidence, self.runs, self.capacities, resolution)
 
     @property
     def median(self) -> float:
@@ -389,6 +386,29 @@ def bracket_of(run: Sequence[StepRecord], low: float | None = None) -> Bracket:
     return Bracket(low, min(above, default=None))
 
 
+def measured_brackets(
+    evidence: Sequence[Bracket], runs: Sequence[Sequence[StepRecord]], capacities: Sequence[float], resolution: float
+) -> list[Bracket]:
+    """Every measurement of a config: the search's (``evidence``), then each re-measured run's, from its load steps;
+    a run's capacity given without them is known to the ladder's step (``resolution``)."""
+    done = [bracket_of(run) for run in runs]
+    given = [Bracket(c, c * resolution if c > 0 else None) for c in capacities[len(done) :]]
+    return [*evidence, *done, *given]
+
+
+def config_evidence(records: Sequence[TrialRecord], r: TrialRecord) -> list[Bracket]:
+    """What the search measured of ``r``'s config: the ladder of each of ``records`` that ran it (a twin that took
+    another trial's result measured nothing, nor did a trial with no load step)."""
+    ran = r.attrs.get(Attr.ENGINE_ARGS)
+    return [
+        Bracket(*t.capacity_bracket)
+        for t in records
+        if t.steps
+        and t.same_config_as is None
+        and (t.number == r.number or (ran is not None and t.attrs.get(Attr.ENGINE_ARGS) == ran))
+    ]
+
+
 def posterior_of(cands: Sequence[Candidate], resolution: float = REMEASURE_RESOLUTION) -> Posterior:
     return Posterior.of([c.brackets(resolution) for c in cands])
 
@@ -507,24 +527,14 @@ class StudyResult:
     def evidence_of(self, number: int) -> list[Bracket]:
         """Every measurement the study made of trial ``number``'s config: the ladder of each trial that ran it (a
         twin that took another's result measured nothing) and each of its re-measured runs, as brackets."""
-        r = self.trial(number)
-        ran = r.attrs.get(Attr.ENGINE_ARGS)
-        out = [
-            Bracket(*t.capacity_bracket)
-            for t in self.records
-            if t.steps
-            and t.same_config_as is None
-            and (t.number == number or (ran and t.attrs.get(Attr.ENGINE_ARGS) == ran))
-        ]
+        evidence = config_evidence(self.records, self.trial(number))
         v = self.remeasurement
         c = v.candidate(number) if v is not None else None
-        if v is not None and c is not None:
-            runs = [bracket_of([StepRecord.from_json(s) for s in run]) for run in c.get("runs", [])]
-            # a run stored as its capacity alone is known to the ladder's step
-            step = max(v.resolution, REMEASURE_RESOLUTION)
-            given = [Bracket(x, x * step if x > 0 else None) for x in c["capacities"][len(runs) :]]
-            out += [*runs, *given]
-        return out
+        if v is None or c is None:
+            return evidence
+        runs = [[StepRecord.from_json(s) for s in run] for run in c.get("runs", [])]
+        # a verdict stored before its step was has resolution 1: its runs are still known to the ladder's step
+        return measured_brackets(evidence, runs, c["capacities"], max(v.resolution, REMEASURE_RESOLUTION))
 
     @property
     def winner(self) -> TrialRecord | None:

@@ -55,7 +55,7 @@ from autotune.study.baselines import BaselinePoint, baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.measurer import EngineMeasurer, Measurer
 from autotune.study.notes import save_notes
-from autotune.study.posterior import Bracket, Posterior
+from autotune.study.posterior import Posterior
 from autotune.study.records import (
     NO_MEASUREMENT,
     Attr,
@@ -64,6 +64,7 @@ from autotune.study.records import (
     Remeasurement,
     TrialRecord,
     baseline_attrs,
+    config_evidence,
     judge,
     posterior_of,
 )
@@ -591,13 +592,7 @@ class StudyRun:
                 r.number,
                 r.engine_args.revealed(self.d.fixed.env),
                 trial_load=r.values[0] / base_rate,
-                # what the search measured of the same config (a twin that took another trial's result is no
-                # measurement of its own)
-                evidence=[
-                    Bracket(*t.capacity_bracket)
-                    for t in done
-                    if t.engine_args == r.engine_args and t.same_config_as is None
-                ],
+                evidence=config_evidence(done, r),
             )
             for label, r in picks
         ]
