@@ -4,7 +4,7 @@ killed and broken, on a blue/green production behind real nginx.
 
     .venv/bin/python scripts/drill_daemon.py [--short] [--dir DIR] [--tokenizer DIR]
 
-What runs, all on this host and all stopped at the end (also on Ctrl-C):
+What runs, all on this host and all stopped at the end (also on Ctrl-C or SIGTERM):
 
 - production: blue and green vllm-sim instances (an 8B on a simulated A10; start-up x0.01, serving in real
   time) behind nginx with the shipped snippet (systemd/nginx-autotune.conf, its arrivals log included), started
@@ -442,9 +442,15 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([PY, str(ROOT / "scripts" / "build_tiny_model.py"), str(tokenizer)], check=True,
                        stdout=subprocess.DEVNULL)
     drill = Drill(root, tokenizer)
+    # SIGTERM (a CI runner's timeout, `kill`) and SIGINT, even where a non-interactive shell started the drill in
+    # the background with SIGINT ignored, unwind through drill.close(): no engine, nginx or daemon outlives it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     try:
         code = drill.run(a.short)
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
         drill.close()
     print_table(drill.rows)
     print(f"\n(journals and state in {root})")

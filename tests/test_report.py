@@ -247,9 +247,13 @@ def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):
     d = study_toml(tmp_path)
     build(d, typical(), runs=[(2, [2.0, 2.1, 2.05]), (0, [2.2, 2.21, 2.25])])
     line = first_line(report(d, tmp_path))
-    assert line == ("Winner: trial 0 (baseline vllm-defaults): 2.27 req/s within the SLOs (posterior median, 3 re-measured runs); "
-                    "re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the median; "
-                    "keep baseline vllm-defaults.")
+    assert re.fullmatch(
+        r"Winner: trial 0 \(baseline vllm-defaults\): 2\.27 req/s within the SLOs \(posterior median, 3 re-measured "
+        r"runs\); re-measured, interleaved: no gain: no searched config beat baseline vllm-defaults on the posterior "
+        r"median \(P = (0\.\d\d|1\.00) that it is within 95 % of the best re-measured config\); keep baseline "
+        r"vllm-defaults\.", line), line
+    p = float(re.search(r"P = ([\d.]+)", line).group(1))
+    assert 0.5 < p <= 1.0  # the baseline re-measured above the sampled config in every run
 
 
 def test_without_remeasurement_the_gain_is_unverified(tmp_path):

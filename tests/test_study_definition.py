@@ -86,8 +86,7 @@ def test_dry_run_prints_exact_command_lines(tmp_path, tiny_model):
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 6
-    assert [x.get("baseline") for x in lines[:4]] == ["vllm-defaults", "xinference-4.1", "xinference-legacy",
-                                                       "max-num-seqs-8"]
+    assert [x.get("baseline") for x in lines[:3]] == ["vllm-defaults", "max-num-seqs-8", None]
     for x in lines:
         argv = x["argv"]
         assert argv[1:3] == ["serve", str(tiny_model)] and "--port" in argv

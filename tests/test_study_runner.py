@@ -202,7 +202,7 @@ def test_re_measuring_stops_once_the_verdict_is_sure(tmp_path, tiny_model):
     runs = len(run.measurer.asked)
     assert verdict.significant and verdict.winner_trial == 2 and verdict.p_within >= 0.9
     assert 1 <= runs < 6, runs  # the fixed rule ran 2 candidates x 3; the winner was measured twice (trial + 1)
-    assert f"re-measured enough after {runs} runs: trial 2 beats baseline vllm-defaults" in said[-1], said
+    assert f"re-measured enough after {runs} run{'s' * (runs != 1)}: trial 2 beats baseline vllm-defaults" in said[-1], said
 
 
 def test_re_measuring_goes_on_while_the_verdict_is_unsure_and_ends_at_its_budget(tmp_path, tiny_model):

@@ -339,7 +339,12 @@ class Remeasurement:
     def sentence(self) -> str:
         """The verdict in the words the console, the report, the dashboard note and the daemon all use."""
         if self.winner == self.baseline:
-            return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
+            if self.p_within is None:  # a verdict stored before verdicts were probabilities
+                return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
+            return (
+                f"no gain: no searched config beat {self.baseline} on the posterior median (P = {self.p_within:.2f} "
+                f"that it is within {WITHIN * 100:.0f} % of the best re-measured config); keep {self.baseline}"
+            )
         if self.baseline_at_least:
             return (
                 f"no gain can be stated: {self.baseline} held every load the ladder offered, so its median is "

@@ -609,7 +609,7 @@ class StudyRun:
             pick = next(i for i, c in enumerate(cands) if c.trial_number == verdict.recommended_trial)
             measured = [len(c.brackets(REMEASURE_RESOLUTION)) for c in cands]
             if verdict.p_within is not None and verdict.p_within >= confidence and measured[pick] >= 2:
-                self.notice(f"re-measured enough after {n} runs: {verdict.sentence()}")
+                self.notice(f"re-measured enough after {n} run{'s' if n != 1 else ''}: {verdict.sentence()}")
                 break
             c = cands[self._next_run(post, pick, measured)]
             rep = len(c.capacities)
