@@ -4,6 +4,8 @@ Fast (no engine): pure values, and the replay against the fixed-timing server wh
 about what a real stream produces. ``scripts/mutation.sh`` mutates these modules and runs this file.
 """
 
+import re
+
 import pytest
 
 from autotune.measure.metrics import RequestResult, lost_already, summarize
@@ -414,6 +416,20 @@ def test_a_gain_is_deployed_when_the_posterior_gives_it_the_confidence_asked():
     assert "not surely (P = 0.81 that it is better, 0.9 required): keep baseline" in v.sentence(), v.sentence()
     # the same evidence asked for less: deployed
     assert judge([cand("trial 4", [12.0, 9.0, 11.0], 4), cand("baseline", [10.0, 10.5, 9.5])], confidence=0.8).significant
+
+
+def test_a_baseline_that_led_the_search_alone_is_kept_without_a_vacuous_probability():
+    """Re-measured alone (the search's leader was the baseline), P(within 95 % of the best) is 1 by construction:
+    the verdict says why it is kept instead; beside a searched config it states the probability."""
+    from autotune.study.records import judge
+
+    alone = judge([cand("baseline vllm-defaults", [46.3, 49.3])])
+    assert alone.recommended_trial == 0 and not alone.significant
+    assert alone.sentence() == ("no gain: no searched config beat baseline vllm-defaults, the search's leader; keep "
+                                "baseline vllm-defaults")
+    pair = judge([cand("trial 3", [40.0, 41.0], 3), cand("baseline vllm-defaults", [46.3, 49.3])])
+    assert pair.recommended_trial == 0
+    assert re.search(r"on the posterior median \(P = (0\.9\d|1\.00) that it is within 95 %", pair.sentence())
 
 
 def test_the_verdicts_probability_on_cases_whose_answer_is_known():

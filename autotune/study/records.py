@@ -341,6 +341,8 @@ class Remeasurement:
         if self.winner == self.baseline:
             if self.p_within is None:  # a verdict stored before verdicts were probabilities
                 return f"no gain: no searched config beat {self.baseline} on the median; keep {self.baseline}"
+            if len(self.candidates) == 1:  # only the baseline re-measured: the probability would say nothing
+                return f"no gain: no searched config beat {self.baseline}, the search's leader; keep {self.baseline}"
             return (
                 f"no gain: no searched config beat {self.baseline} on the posterior median (P = {self.p_within:.2f} "
                 f"that it is within {WITHIN * 100:.0f} % of the best re-measured config); keep {self.baseline}"
