@@ -241,6 +241,12 @@ def test_a_study_on_vllms_cpu_build_gets_its_cpu_image_and_a_local_model_where_t
     assert "--gpus" not in words and "vllm/vllm-openai:v0.32.0" not in words
     assert f"{model}:{model}:ro" in words
     assert words[image + 1] == str(model) and words[image + 2:image + 4] == ["--config", "/etc/vllm/config.yaml"]
+    # the study's compile cache, named relative to where it ran: mounted, and named, where it resolves
+    line = d.command.engine_kind.container_line("./models/tiny", paths["config"],
+                                                {"VLLM_CACHE_ROOT": "runs/vllm-cache"}, "0.32.0+cpu")
+    words, cache = shlex.split(line), tmp_path / "runs" / "vllm-cache"
+    assert words[words.index(f"VLLM_CACHE_ROOT={cache}") - 1] == "-e"
+    assert words[words.index(f"{cache}:{cache}") - 1] == "-v"
 
 
 def test_a_baseline_that_wins_the_remeasurement_is_kept(tmp_path):

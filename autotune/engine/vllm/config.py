@@ -26,6 +26,8 @@ IMAGE = "vllm/vllm-openai"
 CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
 CONFIG_IN_CONTAINER = "/etc/vllm/config.yaml"
 CONTAINER_ARGS = ("--config", CONFIG_IN_CONTAINER, "--host", "0.0.0.0", "--port", "8000")
+# env vars that name a host directory vLLM writes (its compile cache): mounted, and named at their absolute path
+DIR_ENV = ("VLLM_CACHE_ROOT",)
 
 # staging-only values: measuring with random weights is fine, serving them is not
 STAGING_ONLY: dict[str, Any] = {"load_format": "dummy"}
@@ -51,7 +53,8 @@ def container_line(model: str, config_path: Path, env: Mapping[str, str], versio
     The host's Hugging Face cache is mounted where the image looks (/root/.cache/huggingface), port 8000 published
     on localhost only, a local model directory mounted read-only at its absolute path and named there (the
     config's path may be relative to where the study ran), ``env`` passed (a redacted secret by name only, so
-    docker takes it from the caller's environment)."""
+    docker takes it from the caller's environment; a directory of ``DIR_ENV`` mounted read-write at its absolute
+    path, so the compile cache the study filled serves the container too)."""
     cpu = version is not None and "+cpu" in version
     tag = f"v{version.split('+')[0]}" if version else "latest"
     words = ["docker", "run", "--rm", *([] if cpu else ["--gpus", "all"]), "--ipc=host", "-p", "127.0.0.1:8000:8000"]
@@ -62,6 +65,11 @@ def container_line(model: str, config_path: Path, env: Mapping[str, str], versio
         local = str(Path(model).resolve())
         mounts += ["-v", f"{local}:{local}:ro"]
         served = [local]  # vllm serve's model argument wins over the config's (a path relative to the study's)
+    env = dict(env)
+    for k in DIR_ENV:
+        if k in env and env[k] != REDACTED:
+            env[k] = str(Path(env[k]).resolve())
+            mounts += ["-v", f"{env[k]}:{env[k]}"]
     envs = ["-e", "HF_TOKEN"] + [
         a for k, v in env.items() if k != "HF_TOKEN" for a in ("-e", k if v == REDACTED else f"{k}={v}")
     ]
