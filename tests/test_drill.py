@@ -26,8 +26,9 @@ SCENARIOS = ("steady traffic", "surge past capacity", "SIGTERM mid-tuning", "app
              "roll back by hand", "reload with a new SLO", "a second surge, a new proposal",
              "kill -9 during the canary", "kill -9 after the switch", "crash of the serving color",
              "a proxy config nginx rejects")
-# users' requests may fail only where production itself was down or past its capacity (by design)
-MAY_FAIL = {"surge past capacity", "SIGTERM mid-tuning", "a second surge, a new proposal", "crash of the serving color"}
+# users' requests may fail only where the serving engine is killed on purpose: nothing but a second serving
+# instance would save those it held
+MAY_FAIL = {"crash of the serving color"}
 
 # real-time vllm-sim and a real daemon whose scenarios wait on its timers: beside other tests the host's load
 # would be theirs, not the one core this test spins on purpose
