@@ -261,7 +261,7 @@ def _no_traceback_for_stops(record) -> bool:
 
 def print_comparison(rows, remeasure: Remeasurement | None) -> None:
     t = Table(title="best config against the baselines")
-    for col in ("config", "trial", "capacity req/s", "output tok/s", "p95 TTFT ms", "gain", "state"):
+    for col in ("config", "trial", "capacity req/s", "output tok/s", "p95 TTFT ms", "best's gain", "state"):
         t.add_column(col, justify="left" if col in ("config", "state") else "right")
     best = rows[0] if rows and rows[0].label.startswith("best") else None
     for r in rows:

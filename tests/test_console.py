@@ -1,5 +1,7 @@
 """The study's trial lines and footer text: each outcome said in our words, with the numbers that prove it."""
 
+import re
+
 from optuna.trial import TrialState
 
 from autotune.console import Progress
@@ -68,3 +70,19 @@ def test_the_footer_counts_finished_trials_and_extrapolates_what_is_left():
     ahead = Progress.of(result, budget=2, gpu=True, remeasure_runs=3)
     assert ahead.left_s == 3 * ahead.engine_s / 2
     assert ahead.text().endswith("about 4m52s left with at most 3 re-measurement runs"), ahead.text()
+
+
+def test_the_comparison_says_the_best_configs_gain_over_each_baseline(monkeypatch):
+    """A baseline's row shows how much more the best config holds than it does, and says whose gain that is."""
+    from rich.console import Console
+
+    import autotune.console as console
+    from autotune.study.outputs import Row
+
+    monkeypatch.setattr(console, "out", Console(record=True, width=200))
+    console.print_comparison([Row("best (trial 2)", 2, 30.0, 3000.0, 150.0, True, "complete"),
+                              Row("vllm-defaults", 0, 10.0, 1000.0, 90.0, True, "complete")], None)
+    text = console.out.export_text()
+    header = next(line for line in text.splitlines() if "config" in line and "trial" in line)
+    assert "best's gain" in header
+    assert re.search(r"vllm-defaults .* \+200% ", text), text
