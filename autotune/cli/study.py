@@ -68,6 +68,11 @@ def add_parsers(sub) -> None:
     st.add_argument("file", type=Path, nargs="?", help="study definition, e.g. studies/tiny-cpu-chat.toml")
     _add_request(st, for_init=False)
     st.add_argument("--timeout", help="stop starting trials after this long, e.g. 2h")
+    st.add_argument(
+        "--gpus",
+        help="the GPUs trials run on, side by side, each on GPUs of its own (NVML indices, e.g. 0-7 or 0,2,4-5; "
+        "default: [engine] gpus, else every GPU NVML sees)",
+    )
     st.add_argument("--storage", help="Optuna storage URL (default: sqlite in the study's runs dir)")
     st.add_argument(
         "--dry-run",
@@ -233,6 +238,7 @@ def load_definition(a: argparse.Namespace):
         timeout=getattr(a, "timeout", None),
         storage=a.storage,
         name=a.study_name,
+        gpus=getattr(a, "gpus", None),
     )
 
 
@@ -247,7 +253,7 @@ def cmd_study(a: argparse.Namespace) -> int:
 
     if a.file is None:
         a.file, d = _file_free_study(a)
-        d = d.with_overrides(timeout=a.timeout, storage=a.storage)  # the file holds the other flags
+        d = d.with_overrides(timeout=a.timeout, storage=a.storage, gpus=a.gpus)  # the file holds the other flags
     elif a.model or a.workload or a.scenario or a.rate or a.tokenizer or a.engine_cmd or a.download:
         raise ConfigError(f"give a study file or --model and its flags, not both: edit {a.file} instead")
     else:

@@ -134,6 +134,7 @@ def move_to_gpus(study_file: Path, gpus: str) -> None:
 
     data = read_toml(study_file, "tuning study")
     data.setdefault("engine", {}).setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = gpus
+    data["engine"].pop("gpus", None)  # the idle color's GPUs are one slot
     atomic_write(study_file, tomli_w.dumps(data))
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "stop_on_signals",
     "stop_received",
     "raise_if_interrupted",
+    "raise_if_stopping",
 ]
 
 
@@ -181,6 +182,13 @@ def raise_if_interrupted() -> None:
         _raise_received(_Signals.received)
 
 
+def raise_if_stopping() -> None:
+    """In a thread other than the main one (a trial beside others), raise Interrupted once a stop signal came: the
+    handler raises it in the main thread only, so the threads that measure look, between polls, and unwind too."""
+    if _Signals.received is not None and threading.current_thread() is not threading.main_thread():
+        raise Interrupted(_Signals.received)
+
+
 def _raise_received(signum: int) -> None:
     _Signals.raised = True
     raise Interrupted(signum)
@@ -269,7 +277,7 @@ class Engine:
         self._to(EngineState.STARTING)
         try:
             with _uninterrupted():
-                reap_leftovers(self._state_dir)
+                reap_leftovers(self._state_dir, running={e.pid for e in list(_RUNNING) if e.pid is not None})
                 if not port_is_free(self.spec.host, self.spec.port):
                     self._fail(
                         Failure(
@@ -339,6 +347,7 @@ class Engine:
         next_probe = 0.0
         with httpx.Client(timeout=httpx.Timeout(2.0, connect=0.5)) as client:
             while True:
+                raise_if_stopping()
                 # A log line that proves a failure wakes us at once.
                 if self._failed.wait(0.05):
                     self._fail_from_log()

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,8 +86,9 @@ def kill_group(pgid: int, grace: float, extra: Sequence[psutil.Process] = ()) ->
     psutil.wait_procs(alive, timeout=5)
 
 
-def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
-    """Kill the engines whose launcher died. Returns the records it acted on."""
+def reap_leftovers(state_dir: Path, grace: float = 10.0, running: Collection[int] = ()) -> list[EngineRecord]:
+    """Kill the engines whose launcher died, or that this process launched and no longer runs (``running``: the
+    pids of the engines it does run, side by side in a parallel study). Returns the records it acted on."""
     reaped: list[EngineRecord] = []
     folder = state_dir / "engines"
     if not folder.is_dir():
@@ -102,6 +103,8 @@ def reap_leftovers(state_dir: Path, grace: float = 10.0) -> list[EngineRecord]:
         owner_is_me = rec.owner_pid == me.pid and abs(rec.owner_create_time - me.create_time()) < 0.01
         if _alive(rec.owner_pid, rec.owner_create_time) and not owner_is_me:
             continue  # another live autotune owns it
+        if owner_is_me and rec.pid in running:
+            continue  # one of ours, serving a trial beside the one starting
         alive = _alive(rec.pid, rec.create_time) or bool(group_members(rec.pgid))
         if alive:
             kill_group(rec.pgid, grace)

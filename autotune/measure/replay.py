@@ -470,34 +470,49 @@ class _Pool:
             proc.wait()
 
 
-_pools: dict[int, _Pool] = {}
-_kept = 0  # how many ``keep_workers`` blocks are open
+class _Kept(threading.local):
+    """This thread's worker pools: trials measured side by side (a parallel study) each replay on their own."""
+
+    def __init__(self) -> None:
+        self.pools: dict[int, _Pool] = {}
+        self.blocks = 0  # how many ``keep_workers`` blocks are open
+
+
+_kept = _Kept()
+_every_pool: set[_Pool] = set()  # every thread's, for the exit
 
 
 @contextlib.contextmanager
 def keep_workers() -> Iterator[None]:
     """Replay worker processes started in this block serve every replay in it and stop at its end (a measurement
     session's steps: their start-up is paid once). Outside any block a replay's workers stop when it ends."""
-    global _kept
-    _kept += 1
+    _kept.blocks += 1
     try:
         yield
     finally:
-        _kept -= 1
-        if not _kept:
+        _kept.blocks -= 1
+        if not _kept.blocks:
             _close_pools()
 
 
-@atexit.register
 def _close_pools() -> None:
-    while _pools:
-        _pools.popitem()[1].close()
+    while _kept.pools:
+        pool = _kept.pools.popitem()[1]
+        _every_pool.discard(pool)
+        pool.close()
+
+
+@atexit.register
+def _close_every_pool() -> None:
+    for pool in list(_every_pool):
+        pool.close()
 
 
 def _pool(n: int) -> _Pool:
-    if n not in _pools:
-        _pools[n] = _Pool(n)
-    return _pools[n]
+    if n not in _kept.pools:
+        _kept.pools[n] = pool = _Pool(n)
+        _every_pool.add(pool)
+    return _kept.pools[n]
 
 
 def _discover_model_sync(url: str, options: ReplayOptions) -> str:
@@ -563,10 +578,11 @@ def _replay_in_workers(
         wall_s = time.perf_counter() - t0
     except BaseException:
         # a signal, a dead worker, a bug: the workers may be mid-replay; they are not reused
-        del _pools[n]
+        del _kept.pools[n]
+        _every_pool.discard(pool)
         pool.kill()
         raise
-    if not _kept:
+    if not _kept.blocks:
         _close_pools()
     return Replay(
         model, started_at, _in_order(list(results.values()), cut), wall_s, warmup_s, cut, Distribution.of(lag), n

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -27,7 +28,7 @@ from typing import Any
 from autotune import __version__
 from autotune.engine.command import CheckedArgs, EngineCommand
 from autotune.engine.failures import Failure
-from autotune.engine.launcher import Engine
+from autotune.engine.launcher import Engine, raise_if_stopping, stop_received
 from autotune.errors import EngineFailure, MeasurementError
 from autotune.measure.metrics import RequestResult, Summary, lost_already, summarize
 from autotune.measure.profiles import FixedLoad, LoadProfile
@@ -263,6 +264,17 @@ class Outcome:
         return [r.to_json() for s in self.steps for r in s.results]
 
 
+def _or_stopping(give_up: GiveUp | None) -> GiveUp:
+    """``give_up``, and a cut as soon as a stop signal came (engine.launcher.raise_if_stopping)."""
+
+    def ask(results: list[RequestResult], total: int, now: float) -> str | None:
+        if stop_received() is not None:
+            return "a stop signal came"
+        return give_up(results, total, now) if give_up is not None else None
+
+    return ask
+
+
 def replay_on(
     engine: Engine,
     workload: Workload,
@@ -361,17 +373,16 @@ def measure_engine(
             return out
         out.engine_ready_s = engine.ready_s or 0.0
         give_up = (lambda results, total, now: lost_already(slos, results, total, now)) if cut_lost_steps else None
+        if threading.current_thread() is not threading.main_thread():
+            give_up = _or_stopping(give_up)
+
+        def replay_step(w: Workload, o: ReplayOptions) -> tuple[Replay | None, Failure | None]:
+            measured = replay_on(engine, w, o, on_result, give_up)
+            raise_if_stopping()  # a trial beside others: its step was cut by the signal; no result from it
+            return measured
+
         with keep_workers():  # every step's replay on the same worker processes, if it needs any
-            _run_steps(
-                out,
-                lambda w, o: replay_on(engine, w, o, on_result, give_up),
-                workload_at,
-                slos,
-                profile,
-                replay,
-                on_phase,
-                on_step,
-            )
+            _run_steps(out, replay_step, workload_at, slos, profile, replay, on_phase, on_step)
         return out
     finally:
         on_phase("stopping")

@@ -24,6 +24,7 @@ from autotune.measure.slo import SLO, parse_slos
 from autotune.study.baselines import check_builtin
 from autotune.study.scoring import CONFIDENCE, Scoring, scoring_for
 from autotune.study.scoring import KINDS as SCORING_KINDS
+from autotune.study.slots import INHERIT, VISIBLE, parse_gpu_ids
 from autotune.study.space import Param, check_range, default_space
 from autotune.units import parse_duration
 from autotune.workload.source import WorkloadSpec
@@ -101,6 +102,7 @@ class StudyDefinition:
     runs_dir: Path = Path("runs")
     source: Path | None = None
     gpus: tuple[GpuInfo, ...] | None = None  # [engine.gpu]: the engine's devices when NVML here cannot see them
+    gpu_ids: tuple[int, ...] | None = None  # [engine] gpus: where trials run, side by side (study/slots.py)
     heartbeat_s: float = 60.0  # shared storage: how often a worker proves its running trial is alive
     secret_env: tuple[str, ...] = ()  # [engine].secret_env: engine env vars whose values no output shows
 
@@ -120,8 +122,16 @@ class StudyDefinition:
         timeout: str | None = None,
         storage: str | None = None,
         name: str | None = None,
+        gpus: str | None = None,
     ) -> StudyDefinition:
         d = self
+        if gpus is not None:
+            if VISIBLE in d.fixed.env:
+                raise ConfigError(
+                    f"--gpus and the study's [engine.env] {VISIBLE} both say which GPUs the engine uses: "
+                    f"remove {VISIBLE} from the study file to place trials with --gpus"
+                )
+            d = replace(d, gpu_ids=_gpu_ids(gpus, "--gpus"))
         if slos:
             d = replace(d, slos=parse_slos(slos))
         if trials is not None:
@@ -147,7 +157,8 @@ _SEE = "see 'Writing a study' in docs/study-file.md"
 
 
 def _engine(eng: Table, default_platform: str | None):
-    """[engine]: (the command, the platform, the fixed args, the start-up timeout, declared GPUs, secret env names)."""
+    """[engine]: (the command, the platform, the fixed args, the start-up timeout, declared GPUs, secret env names,
+    the GPUs trials are placed on)."""
     model = eng.string("model")
     platform = eng.string("platform", default_platform or "cuda", choices=("cuda", "cpu"))
     args, env = eng.table("args"), eng.table("env")
@@ -165,11 +176,24 @@ def _engine(eng: Table, default_platform: str | None):
     startup = eng.duration("startup_timeout", 900.0, above=0)
     gpus = _gpus(eng.table("gpu")) if "gpu" in eng else None
     secret_env = tuple(eng.strings("secret_env", []))
+    gpu_ids = _gpu_ids(eng.string("gpus"), eng.name("gpus")) if "gpus" in eng else None
     eng.done()
     fixed = EngineArgs(dict(args.data), {key: env.text(key) for key in env})
+    if gpu_ids and VISIBLE in fixed.env:
+        raise ConfigError(
+            f"{eng.name('gpus')} and {env.name(VISIBLE)} both say which GPUs the engine uses: keep one "
+            f"({eng.name('gpus')} places each trial on its own GPUs of the list)"
+        )
     for key, value in fixed.values.items():
         check_range(kind, key, value, args.name(key))
-    return engine, platform, fixed, startup, gpus, secret_env
+    return engine, platform, fixed, startup, gpus, secret_env, gpu_ids
+
+
+def _gpu_ids(text: str, where: str) -> tuple[int, ...]:
+    try:
+        return parse_gpu_ids(text)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _workload(wl: Table, p: Path, kind: EngineKind, fixed: EngineArgs, model: str) -> WorkloadSpec:
@@ -229,7 +253,7 @@ def load_study(
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ConfigError(f"{where}: name {name!r} may only hold letters, digits, '.', '_' and '-'")
 
-    engine, platform, fixed, startup, gpus, secret_env = _engine(top.table("engine"), default_platform)
+    engine, platform, fixed, startup, gpus, secret_env, gpu_ids = _engine(top.table("engine"), default_platform)
     kind, model = engine.engine_kind, engine.model
 
     params = None
@@ -287,6 +311,7 @@ def load_study(
         runs_dir=Path(top.string("runs_dir", str(default_runs_dir or "runs"))),
         source=p,
         gpus=gpus,
+        gpu_ids=gpu_ids,
         heartbeat_s=top.duration("heartbeat", 60.0, above=0),
         secret_env=secret_env,
     )
@@ -397,13 +422,15 @@ def derive_study(
 ) -> Path:
     """Write a study file that is ``template`` with another name, workload, SLOs and baselines.
 
-    The daemon's re-tuning studies are made this way: the staging study as the operator wrote it,
-    production's traffic as the workload, production's config and earlier winners as baselines
-    (``baselines``: name -> values; "production" becomes [baselines].production, the rest extra
-    entries, replacing earlier extra entries of the same names); ``engine_env`` is set over
-    [engine.env] (the GPUs a blue/green production leaves idle); ``requests``: how many of the trace's
-    requests a load step draws on (else the study's default, 200). The result is read back with
-    ``load_study`` before it is returned, so a bad derivation fails here, not in a child process.
+        The daemon's re-tuning studies are made this way: the staging study as the operator wrote it,
+        production's traffic as the workload, production's config and earlier winners as baselines
+        (``baselines``: name -> values; "production" becomes [baselines].production, the rest extra
+        entries, replacing earlier extra entries of the same names); ``engine_env`` is set over
+        [engine.env] (the GPUs a blue/green production leaves idle, one slot); a staging study that names no
+    [engine] gpus runs one trial at a time on what the environment gives it ("inherit": beside production, the
+    GPUs NVML sees are not all free); ``requests``: how many of the trace's
+        requests a load step draws on (else the study's default, 200). The result is read back with
+        ``load_study`` before it is returned, so a bad derivation fails here, not in a child process.
     """
     import tomli_w
 
@@ -418,8 +445,13 @@ def derive_study(
         workload["requests"] = requests
     data["workload"] = workload
     data.setdefault("objective", {}).setdefault("step_duration", step_duration)
+    engine = data.setdefault("engine", {})
     if engine_env:
-        data.setdefault("engine", {}).setdefault("env", {}).update(engine_env)
+        engine.setdefault("env", {}).update(engine_env)
+        if VISIBLE in engine_env:
+            engine.pop("gpus", None)  # the GPUs it is given, as one slot
+    elif "gpus" not in engine:
+        engine["gpus"] = INHERIT  # beside production: one trial at a time, unless the staging study names its GPUs
     section = data.setdefault("baselines", {})
     extra = [b for b in section.get("extra", []) if b.get("name") not in baselines]
     for label, values in baselines.items():

@@ -1,17 +1,21 @@
-"""``autotune study --dry-run``: the exact command lines of the first trials, launching nothing."""
+"""``autotune study --dry-run``: the exact command lines of the first trials, launching nothing; on a study with
+several GPUs, each trial's GPUs and port too (placed as if trials end in the order they start)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import optuna
 
+from autotune.engine.args import EngineArgs
 from autotune.engine.flags import FlagTable
 from autotune.study.baselines import baseline_points
 from autotune.study.definition import StudyDefinition
 from autotune.study.records import Attr
 from autotune.study.runner import build_space, devices_of
+from autotune.study.slots import Slot, Slots, study_gpus
 from autotune.study.storage import make_sampler
 
 __all__ = ["dry_run"]
@@ -30,11 +34,24 @@ def dry_run(d: StudyDefinition, table: FlagTable, n: int) -> Iterator[dict[str, 
     study = optuna.create_study(sampler=make_sampler(d.sampler, d.seed), direction="maximize")
     for b in baseline_points(space, d.builtin_baselines, [(x.name, x.values) for x in d.baselines]):
         study.enqueue_trial(b.params, user_attrs={Attr.BASELINE: b.name, Attr.BASELINE_ARGS: b.extra_args})
+    slots = Slots(study_gpus(d.gpu_ids, d.fixed.env), d.command.port)
+    held: list[Slot] = []  # the trials running, oldest first
     for _ in range(n):
         trial = study.ask()
         values = space.sample(trial)
         args = space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
-        line: dict[str, Any] = {"argv": d.command.argv(args, table), "env": dict(args.redacted(d.secret_env).env)}
+        command, slot = d.command, None
+        size = space.engine.gpus_per_engine(args.values)
+        if slots.gpus and slots.unfit(size) is None:
+            while (slot := slots.try_take(size)) is None:
+                slots.give(held.pop(0))
+            held.append(slot)
+            command, args = replace(command, port=slot.port), args.merged(EngineArgs({}, slot.env))
+        line: dict[str, Any] = {"argv": command.argv(args, table), "env": dict(args.redacted(d.secret_env).env)}
+        if slot is not None:
+            line["gpus"] = list(slot.gpus)
+        elif (why := slots.unfit(size)) is not None:
+            line["not_started"] = why
         if trial.user_attrs.get(Attr.BASELINE):
             line["baseline"] = trial.user_attrs[Attr.BASELINE]
         if (

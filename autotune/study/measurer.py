@@ -9,7 +9,8 @@ A study asks its ``Measurer`` two things, in this order for every config it runs
                            (measure/session.py) says what happened, engine failures included, never raised
 
 ``on_step`` hears the outcome after each load step and may answer True to stop there (Optuna's pruner);
-``cut_lost_steps`` lets a step end as soon as it cannot pass. ``EngineMeasurer`` is the real one; a
+``cut_lost_steps`` lets a step end as soon as it cannot pass; ``slot`` is where the engine runs (its GPUs and
+port, study/slots.py), for a study that runs trials side by side. ``EngineMeasurer`` is the real one; a
 benchmark or a test that cannot start engines implements the same two methods (scripts/bench_search.py
 measures on a simulated truth, tests/measurers.py answers with set outcomes).
 """
@@ -17,7 +18,7 @@ measures on a simulated truth, tests/measurers.py answers with set outcomes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from autotune.measure.profiles import LoadProfile
 from autotune.measure.replay import ReplayOptions
 from autotune.measure.session import OnPhase, Outcome, measure_engine
 from autotune.measure.slo import SLO
+from autotune.study.slots import Slot
 from autotune.workload.trace import Workload
 
 __all__ = ["Measurer", "EngineMeasurer", "OnStep"]
@@ -47,6 +49,7 @@ class Measurer(Protocol):
         on_phase: OnPhase = ...,
         on_step: OnStep = ...,
         cut_lost_steps: bool = ...,
+        slot: Slot | None = ...,
     ) -> Outcome: ...
 
 
@@ -74,9 +77,14 @@ class EngineMeasurer:
         on_phase: OnPhase = lambda _: None,
         on_step: OnStep = lambda _: False,
         cut_lost_steps: bool = False,
+        slot: Slot | None = None,
     ) -> Outcome:
+        command = self.command
+        if slot is not None and (slot.env or slot.port != command.port):  # the argv names the port: built again
+            command = replace(command, port=slot.port)
+            config = command.check(EngineArgs(config.args.values, {**config.args.env, **slot.env}), self.table)
         return measure_engine(
-            self.command,
+            command,
             config,
             self.workload_at,
             self.slos,

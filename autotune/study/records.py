@@ -55,6 +55,7 @@ class Attr:
     HOST = "host"
     WORKER = "worker"  # host:pid of the worker that ran it (several hosts share a study)
     GPUS = "gpus"
+    SLOT = "slot"  # where the engine ran beside other trials: {"gpus": NVML indices, "port": its port}
     BASELINE = "baseline"  # the baseline's name; absent for a sampled trial
     BASELINE_ARGS = "baseline_args"  # a baseline's values for knobs the space does not search
     BASELINE_NOTES = "baseline_notes"

@@ -30,8 +30,10 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -69,6 +71,7 @@ from autotune.study.records import (
     posterior_of,
 )
 from autotune.study.scoring import REMEASURE_RESOLUTION
+from autotune.study.slots import Slots, study_gpus
 from autotune.study.space import Space, default_space
 from autotune.study.storage import TPE_STARTUP_TRIALS, shared_storage
 from autotune.workload.source import LoadSteps
@@ -132,6 +135,14 @@ def study_advisor(d: StudyDefinition, steps: LoadSteps) -> tuple[Advisor, str | 
     return advisor_for(d.command.engine_kind, advisor_target(d, steps))
 
 
+@dataclass
+class _Running:
+    """A trial measuring its config now: a twin sampled meanwhile waits for ``event``."""
+
+    number: int
+    event: threading.Event = field(default_factory=threading.Event)
+
+
 class StudyRun:
     """Runs one study definition to its budget, then re-measures and names the winner. ``measurer``: how a config
     is measured (study/measurer.py); ``advisor``: what the study may ask before it measures (study/advisor.py; the
@@ -159,6 +170,9 @@ class StudyRun:
         self.advice = Advice(
             advisor or Advisor(), self.space, steps, seed=d.seed, budget=d.budget.trials, notice=self._notice
         )
+        self.slots = Slots(study_gpus(d.gpu_ids, d.fixed.env), d.command.port)
+        self._lock = threading.RLock()  # trials beside each other: one at a time samples, learns, records
+        self._in_flight: dict[str, _Running] = {}  # engine args (as stored) -> the trial measuring them
 
     @classmethod
     def on_engine(cls, d: StudyDefinition, table: FlagTable, steps: LoadSteps, **kw: Any) -> StudyRun:
@@ -286,37 +300,86 @@ class StudyRun:
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, ...]:
         """One trial: its config checked, taken from a twin or pruned before launch where it can be, else measured
-        and judged (the table at the top of this module)."""
+        on a slot of the study's GPUs and judged (the table at the top of this module). Beside other trials (a
+        study on several GPUs) everything but the measurement runs under the study's lock."""
         t0 = time.monotonic()
-        values = self.space.sample(trial)
-        if not trial.user_attrs.get(Attr.BASELINE):
-            values = self.advice.highest_that_starts(trial, values)
-        args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
-        config = self.measurer.check(args)  # ConfigError -> the study stops: a bug in the space
-        if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
-            trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
-        shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
-        twin = None if trial.user_attrs.get(Attr.BASELINE) else self._measured_twin(trial, shown.to_json())
+        with self._lock:
+            values = self.space.sample(trial)
+            if not trial.user_attrs.get(Attr.BASELINE):
+                values = self.advice.highest_that_starts(trial, values)
+            args = self.space.engine_args(values, trial.user_attrs.get(Attr.BASELINE_ARGS) or {})
+            config = self.measurer.check(args)  # ConfigError -> the study stops: a bug in the space
+            if not trial.user_attrs.get(Attr.CHOSEN_BECAUSE):  # the simulator's picks say why when they are enqueued
+                trial.set_user_attr(Attr.CHOSEN_BECAUSE, self._why(trial))
+            shown = args.redacted(self.d.secret_env)  # user attrs are on the dashboard: no secret values
+            key = json.dumps(shown.to_json(), sort_keys=True, default=str)
+            sampled = not trial.user_attrs.get(Attr.BASELINE)
+            twin = self._measured_twin(trial, shown.to_json()) if sampled else None
+            running = self._in_flight.get(key) if sampled and twin is None else None
+        if running is not None:  # measured beside us right now: its answer, not a second engine
+            twin = self._await_twin(trial, running, shown.to_json())
         if twin is not None:
-            return self._as_measured(trial, twin, list(config.argv), shown)
-        self.advice.predict_trial(trial, args)
-        self._record_config(trial, config, shown)
-        label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
-        self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
-        self._precheck(trial, args)
-        race = self._race(trial)
-        out = self.measurer.measure(
-            config,
-            self._profile(trial, race),
-            log_dir=self.d.run_dir / "trials" / f"{trial.number:04d}",
-            on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"),
-            on_step=functools.partial(self._on_step, trial),
-            cut_lost_steps=self._cut_lost_steps,
-        )
+            with self._lock:
+                return self._as_measured(trial, twin, list(config.argv), shown)
+        with self._lock:
+            self.advice.predict_trial(trial, args)
+            self._record_config(trial, config, shown)
+            label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+            self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
+            self._precheck(trial, args)
+            self._fits(trial, config)
+            race = self._race(trial)
+            profile = self._profile(trial, race)
+            done = self._in_flight[key] = _Running(trial.number)
+        try:
+            with self.slots.held(self.space.engine.gpus_per_engine(config.args.values), _raise_if_stopped) as slot:
+                if self.parallel:
+                    trial.set_user_attr(Attr.SLOT, {"gpus": list(slot.gpus), "port": slot.port})
+                    trial.set_user_attr(Attr.ENV, {**shown.env, **slot.env})
+                    self.show(f"trial {trial.number}: on {slot.label}, port {slot.port}")
+                out = self.measurer.measure(
+                    config,
+                    profile,
+                    log_dir=self.d.run_dir / "trials" / f"{trial.number:04d}",
+                    on_phase=lambda ph: self.show(f"trial {trial.number}: {ph}"),
+                    on_step=functools.partial(self._on_step, trial),
+                    cut_lost_steps=self._cut_lost_steps,
+                    slot=slot,
+                )
+        finally:
+            with self._lock:
+                del self._in_flight[key]
+            done.event.set()
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
-        self._record_timing(trial, out, time.monotonic() - t0)
-        self._upload(trial, out)
-        return self._judge(trial, out, race)
+        if self.parallel and out.argv:
+            trial.set_user_attr(Attr.ARGV, list(out.argv))  # exactly what ran: the slot's port
+        with self._lock:
+            self._record_timing(trial, out, time.monotonic() - t0)
+            self._upload(trial, out)
+            return self._judge(trial, out, race)
+
+    def _await_twin(self, trial: optuna.Trial, running: _Running, engine_args: dict[str, Any]) -> FrozenTrial | None:
+        """Wait for the trial measuring these engine args beside this one, and take its result (None: it ended
+        without one, failed or interrupted, and this trial measures them itself)."""
+        self.show(f"trial {trial.number}: the same config as trial {running.number}, which is measuring it: waiting")
+        while not running.event.wait(0.25):
+            _raise_if_stopped()
+        for _ in range(200):  # its objective has returned; Optuna records its state a moment later
+            if next(
+                t for t in trial.study.get_trials(deepcopy=False) if t.number == running.number
+            ).state.is_finished():
+                break
+            time.sleep(0.05)
+        with self._lock:
+            return self._measured_twin(trial, engine_args)
+
+    def _fits(self, trial: optuna.Trial, config: CheckedArgs) -> None:
+        """Prune, at 0 engine seconds, a config that needs more GPUs than the study has."""
+        why = self.slots.unfit(self.space.engine.gpus_per_engine(config.args.values))
+        if why is not None:
+            self._record_failure(trial, "crashed", f"not started: {why}", "", engine_seconds=0.0)
+            self.show(f"trial {trial.number}: pruned before launch: {why}")
+            raise optuna.TrialPruned(why)
 
     def _record_config(self, trial: optuna.Trial, config: CheckedArgs, shown: EngineArgs) -> None:
         """What runs, and where: the dashboard's account of the trial before it measures."""
@@ -545,9 +608,39 @@ class StudyRun:
         callbacks = [self._notes, self.advice.queue_kept_picks, *self.callbacks, self._learn]
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        jobs = self.concurrency
+        if jobs > 1:
+            self.notice(
+                f"up to {jobs} trials at once on GPUs {','.join(map(str, self.slots.gpus))}, each on GPUs of its own"
+            )
         study.optimize(
-            self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,), callbacks=callbacks
+            self.objective,
+            n_trials=n,
+            timeout=self.d.budget.timeout_s,
+            n_jobs=jobs,
+            catch=(TrialFailed,),
+            callbacks=[self._locked(c) for c in callbacks],
         )
+
+    @functools.cached_property
+    def concurrency(self) -> int:
+        """How many trials run at once: as many of the space's narrowest engines as the study's GPUs hold."""
+        points = [self.space.engine_args(self.space.complete(p)).values for p in self.space.candidates()]
+        narrowest = min((self.space.engine.gpus_per_engine(v) for v in points), default=1)
+        return min(self.slots.concurrency(narrowest), self.d.budget.trials or 1 << 30)
+
+    @property
+    def parallel(self) -> bool:
+        return self.concurrency > 1
+
+    def _locked(
+        self, callback: Callable[[optuna.Study, FrozenTrial], None]
+    ) -> Callable[[optuna.Study, FrozenTrial], None]:
+        def call(study: optuna.Study, trial: FrozenTrial) -> None:
+            with self._lock:
+                callback(study, trial)
+
+        return call
 
     def _phase(self, what: str, phase: str) -> None:
         self.show(f"{what}: {phase}")
@@ -614,13 +707,16 @@ class StudyRun:
             c = cands[self._next_run(post, pick, measured)]
             rep = len(c.capacities)
             self.show(f"re-measuring {c.label} (run {n + 1} of at most {budget})")
-            out = self.measurer.measure(
-                self.measurer.check(c.args),
-                self.scoring.remeasure_profile(c.trial_load),
-                log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
-                on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
-                cut_lost_steps=self._cut_lost_steps,
-            )
+            config = self.measurer.check(c.args)
+            with self.slots.held(self.space.engine.gpus_per_engine(config.args.values), _raise_if_stopped) as slot:
+                out = self.measurer.measure(
+                    config,
+                    self.scoring.remeasure_profile(c.trial_load),
+                    log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
+                    on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
+                    cut_lost_steps=self._cut_lost_steps,
+                    slot=slot,
+                )
             _raise_if_stopped()  # no verdict from an engine the stop killed
             c.capacities.append(out.capacity_rps)
             c.runs.append([s.record() for s in out.steps])
