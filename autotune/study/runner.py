@@ -33,12 +33,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled  # what optimize() uses
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
@@ -606,21 +608,74 @@ class StudyRun:
             return
         # the console's trial line (self.callbacks) before what the simulator learns from that trial
         callbacks = [self._notes, self.advice.queue_kept_picks, *self.callbacks, self._learn]
+        if self.parallel:
+            self._side_by_side(study, n, callbacks)
+            return
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-        jobs = self.concurrency
-        if jobs > 1:
-            self.notice(
-                f"up to {jobs} trials at once on GPUs {','.join(map(str, self.slots.gpus))}, each on GPUs of its own"
-            )
         study.optimize(
-            self.objective,
-            n_trials=n,
-            timeout=self.d.budget.timeout_s,
-            n_jobs=jobs,
-            catch=(TrialFailed,),
-            callbacks=[self._locked(c) for c in callbacks],
+            self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,), callbacks=callbacks
         )
+
+    def _side_by_side(
+        self, study: optuna.Study, n: int | None, callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]
+    ) -> None:
+        """Up to ``concurrency`` trials at once, each measured in a thread of its own on its own slot. This thread
+        asks for every trial, one at a time: Optuna's ``n_jobs`` asks in each thread, and on SQLite two threads can
+        pop the same enqueued trial (a baseline measured twice, then told twice)."""
+        jobs = self.concurrency
+        self.notice(
+            f"up to {jobs} trials at once on GPUs {','.join(map(str, self.slots.gpus))}, each on GPUs of its own"
+        )
+        deadline = time.monotonic() + self.d.budget.timeout_s if self.d.budget.timeout_s else math.inf
+        heartbeat = is_heartbeat_enabled(study._storage)
+        running: set[Future[None]] = set()
+        asked = 0
+        with ThreadPoolExecutor(jobs, thread_name_prefix="trial") as pool:
+            while True:
+                for f in [f for f in running if f.done()]:
+                    running.discard(f)
+                    f.result()  # what a trial raised that is not a verdict on its config: the study stops
+                left = self.remaining(study)
+                if (
+                    (n is not None and asked >= n)
+                    or (left is not None and left <= len(running))
+                    or (time.monotonic() >= deadline)
+                ):
+                    break
+                if len(running) >= jobs:
+                    wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
+                    continue
+                if heartbeat:
+                    optuna.storages.fail_stale_trials(study)
+                with self._lock:
+                    trial = study.ask()
+                asked += 1
+                running.add(pool.submit(self._run_trial, study, trial, callbacks))
+            for f in running:
+                f.result()
+
+    def _run_trial(
+        self, study: optuna.Study, trial: optuna.Trial, callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]
+    ) -> None:
+        """One trial in its thread, told to Optuna as ``study.optimize`` would tell it."""
+        state, value, raised = None, None, None
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            try:
+                value = self.objective(trial)
+            except optuna.TrialPruned:
+                state = TrialState.PRUNED
+            except TrialFailed as e:  # not the config's fault: FAIL, and the study goes on
+                state = TrialState.FAIL
+                self.notice(f"trial {trial.number} failed: {e}")
+            except BaseException as e:  # Interrupted, a bug, a bad space: FAIL, and the study stops
+                state, raised = TrialState.FAIL, e
+        frozen = study.tell(trial, value if state is None else None, state=state, skip_if_finished=True)
+        if raised is not None:
+            raise raised
+        with self._lock:
+            for callback in callbacks:
+                callback(study, frozen)
 
     @functools.cached_property
     def concurrency(self) -> int:
@@ -632,15 +687,6 @@ class StudyRun:
     @property
     def parallel(self) -> bool:
         return self.concurrency > 1
-
-    def _locked(
-        self, callback: Callable[[optuna.Study, FrozenTrial], None]
-    ) -> Callable[[optuna.Study, FrozenTrial], None]:
-        def call(study: optuna.Study, trial: FrozenTrial) -> None:
-            with self._lock:
-                callback(study, trial)
-
-        return call
 
     def _phase(self, what: str, phase: str) -> None:
         self.show(f"{what}: {phase}")
