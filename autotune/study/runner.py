@@ -668,7 +668,7 @@ class StudyRun:
             except TrialFailed as e:  # not the config's fault: FAIL, and the study goes on
                 state = TrialState.FAIL
                 self.notice(f"trial {trial.number} failed: {e}")
-            except BaseException as e:  # Interrupted, a bug, a bad space: FAIL, and the study stops
+            except BaseException as e:  # noqa: BLE001 - Interrupted, a bug, a bad space: FAIL, re-raised below
                 state, raised = TrialState.FAIL, e
         frozen = study.tell(trial, value if state is None else None, state=state, skip_if_finished=True)
         if raised is not None:
