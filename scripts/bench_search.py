@@ -773,10 +773,13 @@ class _Charged(Advisor):
 
 
 
-def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int, say: Callable[[str], None]) -> None:
+def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int, say: Callable[[str], None],
+              gpus: int | None = None, drive: Callable[[Any, optuna.Study], None] | None = None) -> None:
     """One of autotune's own strategies: the real StudyRun, measuring on the truth, then its re-measurement of the
     top candidates against the best baseline, as `autotune study` ends; the declared config is the study's
-    winner (what best.yaml would hold) after every trial and after the re-measurement."""
+    winner (what best.yaml would hold) after every trial and after the re-measurement. ``gpus``: the study's
+    `[engine] gpus` (trials side by side, each on the scenario's TP); ``drive``: what runs the trials in place of
+    ``StudyRun.optimize`` (scripts/bench_parallel.py: side by side in virtual time)."""
     from autotune.sim.advisor import learning_simulator
     from autotune.study import runner
     from autotune.study.definition import load_study
@@ -791,8 +794,11 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         root = Path(tmp)
         path = root / "study.toml"
-        path.write_text(study_text(sc, f"{strategy}-{seed}", root, sampler="random" if strategy == "random" else "tpe",
-                                   race=ours, baselines=strategy != "random", budget=budget, seed=seed))
+        text = study_text(sc, f"{strategy}-{seed}", root, sampler="random" if strategy == "random" else "tpe",
+                          race=ours, baselines=strategy != "random", budget=budget, seed=seed)
+        if gpus is not None:
+            text = text.replace('platform = "cuda"\n', f'platform = "cuda"\ngpus = "0-{gpus - 1}"\n', 1)
+        path.write_text(text)
         os.environ["AUTOTUNE_STATE_DIR"] = str(root / "state")  # this run's calibration only
         d = load_study(path)
         steps = _steps(sc)
@@ -809,7 +815,7 @@ def run_study(sc: Scenario, gpu: TruthGpu, strategy: str, seed: int, budget: int
         run.callbacks = [lambda study, _: gpu.declare(winner(study))]
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         study = open_study(d)
-        run.optimize(study)
+        (drive or runner.StudyRun.optimize)(run, study)
         gpu.confirming = True
         if run.scoring.remeasured and run.remeasure(study) is not None:
             gpu.declare(winner(study))

@@ -137,6 +137,16 @@ def study_advisor(d: StudyDefinition, steps: LoadSteps) -> tuple[Advisor, str | 
     return advisor_for(d.command.engine_kind, advisor_target(d, steps))
 
 
+@dataclass(frozen=True)
+class TrialEnd:
+    """How a trial's objective ended: Optuna's state for it (None: COMPLETE with ``value``), and what it raised that
+    stops the study."""
+
+    state: TrialState | None
+    value: float | tuple[float, ...] | None = None
+    raised: BaseException | None = None
+
+
 @dataclass
 class _Running:
     """A trial measuring its config now: a twin sampled meanwhile waits for ``event``."""
@@ -606,8 +616,7 @@ class StudyRun:
         if n == 0:
             self.notice(f"study {self.d.name}: budget of {self.d.budget.trials} trials already spent")
             return
-        # the console's trial line (self.callbacks) before what the simulator learns from that trial
-        callbacks = [self._notes, self.advice.queue_kept_picks, *self.callbacks, self._learn]
+        callbacks = self.trial_callbacks()
         if self.parallel:
             self._side_by_side(study, n, callbacks)
             return
@@ -659,23 +668,40 @@ class StudyRun:
         self, study: optuna.Study, trial: optuna.Trial, callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]
     ) -> None:
         """One trial in its thread, told to Optuna as ``study.optimize`` would tell it."""
-        state, value, raised = None, None, None
         with get_heartbeat_thread(trial._trial_id, study._storage):
-            try:
-                value = self.objective(trial)
-            except optuna.TrialPruned:
-                state = TrialState.PRUNED
-            except TrialFailed as e:  # not the config's fault: FAIL, and the study goes on
-                state = TrialState.FAIL
-                self.notice(f"trial {trial.number} failed: {e}")
-            except BaseException as e:  # noqa: BLE001 - Interrupted, a bug, a bad space: FAIL, re-raised below
-                state, raised = TrialState.FAIL, e
-        frozen = study.tell(trial, value if state is None else None, state=state, skip_if_finished=True)
-        if raised is not None:
-            raise raised
+            end = self.measure_trial(trial)
+        self.end_trial(study, trial, end, callbacks)
+
+    def measure_trial(self, trial: optuna.Trial) -> TrialEnd:
+        """The trial's objective, and what Optuna is to be told of it (``end_trial`` tells it; a benchmark in
+        virtual time tells it when the trial's GPU time has passed)."""
+        try:
+            return TrialEnd(None, self.objective(trial))
+        except optuna.TrialPruned:
+            return TrialEnd(TrialState.PRUNED)
+        except TrialFailed as e:  # not the config's fault: FAIL, and the study goes on
+            self.notice(f"trial {trial.number} failed: {e}")
+            return TrialEnd(TrialState.FAIL)
+        except BaseException as e:  # noqa: BLE001 - Interrupted, a bug, a bad space: FAIL, re-raised by end_trial
+            return TrialEnd(TrialState.FAIL, raised=e)
+
+    def end_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        end: TrialEnd,
+        callbacks: list[Callable[[optuna.Study, FrozenTrial], None]],
+    ) -> None:
+        frozen = study.tell(trial, end.value if end.state is None else None, state=end.state, skip_if_finished=True)
+        if end.raised is not None:
+            raise end.raised
         with self._lock:
             for callback in callbacks:
                 callback(study, frozen)
+
+    def trial_callbacks(self) -> list[Callable[[optuna.Study, FrozenTrial], None]]:
+        """What runs after every trial: the console's trial line (``callbacks``) before what the simulator learns."""
+        return [self._notes, self.advice.queue_kept_picks, *self.callbacks, self._learn]
 
     @functools.cached_property
     def concurrency(self) -> int:
