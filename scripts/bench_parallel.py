@@ -10,8 +10,8 @@ simulator's refit, the declared winner) once the trial's GPU time has passed, so
 it still running (TPE's constant liar) exactly as on a real host. A trial's duration is its truth GPU time per
 GPU: its engine start, load steps and stop, and the simulator's CPU seconds before it (the GPU waits for them).
 With N = TP the simulation is the sequential study; the script checks it trial for trial against bench_search's
-own run (the first line it prints). The re-measurement after the search runs one run at a time, as the runner
-does.
+own run (the first line it prints). The re-measurement after the search runs as many runs at once as the GPUs
+hold (``StudyRun.side_by_side``, here placed together on the clock).
 
 Per run: the wall-clock hours and the GPU-hours (every GPU a trial holds, failed starts included) until the
 declared config is within 95 % of the optimum and stays there to the end (a run that never gets there counts at
@@ -53,6 +53,8 @@ class Clock:
     spans: list[tuple[float, float, float]] = field(default_factory=list)  # (start s, end s, GPU-seconds)
     declared: list[tuple[float, str | None]] = field(default_factory=list)  # (wall s, config)
     search_end: float = 0.0  # when the last trial ended; the re-measurement follows
+    batch_start: float = 0.0  # the re-measurement's runs at once (StudyRun.side_by_side) start together
+    batch_end: float = 0.0
 
     def gpu_hours(self, at: float) -> float:
         """GPU-hours spent by ``at`` (a trial running then counts for the part of it done)."""
@@ -68,7 +70,15 @@ class Clock:
 def drive(clock: Clock, gpu: bench.TruthGpu):
     """``StudyRun.optimize`` side by side in virtual time (the module's docstring)."""
 
+    def runs_at_once(runs: list[Any]) -> list[Any]:
+        """The re-measurement's runs side by side, measured one after the other and placed together on the clock."""
+        clock.batch_start = clock.batch_end = clock.now
+        outs = [run() for run in runs]
+        clock.now = clock.batch_end
+        return outs
+
     def run_trials(run: Any, study: optuna.Study) -> None:
+        run.side_by_side = runs_at_once
         run.prepare(study)
         callbacks = run.trial_callbacks()
         jobs, left = run.concurrency, run.remaining(study)
@@ -95,7 +105,7 @@ def drive(clock: Clock, gpu: bench.TruthGpu):
 
 class ClockedGpu(bench.TruthGpu):
     """The truth GPU of bench_search, its declarations stamped with the virtual wall clock, and what it measures
-    after the search (the re-measurement, one run at a time) placed on the clock as it goes."""
+    after the search (the re-measurement's runs at once) placed on the clock from the start of their batch."""
 
     clock: Clock
 
@@ -107,9 +117,9 @@ class ClockedGpu(bench.TruthGpu):
         super()._spent(key, measured, engine_s)
         if self.confirming:
             gpu_s = self.trials[-1].gpu_s
-            start = self.clock.now
-            self.clock.now += gpu_s / self.sc.gpus
-            self.clock.spans.append((start, self.clock.now, gpu_s))
+            end = self.clock.batch_start + gpu_s / self.sc.gpus
+            self.clock.spans.append((self.clock.batch_start, end, gpu_s))
+            self.clock.batch_end = max(self.clock.batch_end, end)
 
 
 @dataclass(frozen=True)

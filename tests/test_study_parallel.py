@@ -279,3 +279,17 @@ def test_a_sigterm_stops_every_trial_and_engine_of_a_parallel_study(tmp_path, ti
     assert "autotune: stopped by SIGTERM" in run.stderr
     trials = optuna.load_study(study_name="parallel", storage=f"sqlite:///{tmp_path}/studies.db").trials
     assert sum(t.state == TrialState.FAIL for t in trials) >= 2 and not any(t.state == TrialState.RUNNING for t in trials)
+
+
+def test_the_re_measurement_runs_its_candidates_side_by_side(tmp_path, tiny_model):
+    space = 'max_num_seqs = { type = "int", low = 4, high = 256, log = true, default = 64 }'
+    run, study, m = _runner(tmp_path, tiny_model, '"0-3"', trials=6, space=space)
+    m.capacity = lambda values: 1.0 + values["max_num_seqs"] / 256  # the candidates differ, within the noise
+    run.optimize(study)
+    searched = len(m.ran)
+    verdict = run.remeasure(study)
+    again = m.ran[searched:]
+    assert verdict is not None and len(again) >= 2
+    first = [r for r in again if r[0] < again[0][1]]  # the runs started with the first one
+    assert len(first) >= 2 and len({r[2].gpus for r in first}) == len(first)  # at once, each on its own GPU
+    assert len({tuple(sorted(r[3].items())) for r in first}) == len(first)  # distinct candidates in one batch

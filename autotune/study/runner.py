@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -733,6 +733,40 @@ class StudyRun:
         challenger = max(others, key=lambda i: post.p_better(i, pick))
         return challenger if measured[challenger] < measured[pick] else pick
 
+    @classmethod
+    def _next_runs(cls, post: Posterior, pick: int, measured: list[int], width: int) -> list[int]:
+        """Up to ``width`` distinct candidates to run at once: ``_next_run``'s first, then the recommended one, then
+        the challengers by their chance of beating it."""
+        first = cls._next_run(post, pick, measured)
+        rest = sorted(
+            (i for i in range(len(measured)) if i != first), key=lambda i: (i != pick, -post.p_better(i, pick))
+        )
+        return [first, *rest][: max(width, 1)]
+
+    def _remeasure_run(self, c: Candidate, run: int, budget: int) -> Outcome:
+        """One re-measurement run of ``c``, on a slot of the study's GPUs."""
+        self.show(f"re-measuring {c.label} (run {run} of at most {budget})")
+        config = self.measurer.check(c.args)
+        with self.slots.held(self.space.engine.gpus_per_engine(config.args.values), _raise_if_stopped) as slot:
+            out = self.measurer.measure(
+                config,
+                self.scoring.remeasure_profile(c.trial_load),
+                log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{len(c.capacities)}",
+                on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
+                cut_lost_steps=self._cut_lost_steps,
+                slot=slot,
+            )
+        _raise_if_stopped()  # no verdict from an engine the stop killed
+        return out
+
+    def side_by_side(self, runs: Sequence[Callable[[], Outcome]]) -> list[Outcome]:
+        """``runs`` at once, each in a thread of its own; their outcomes in their order. A benchmark in virtual time
+        replaces it (scripts/bench_parallel.py)."""
+        if len(runs) == 1:
+            return [runs[0]()]
+        with ThreadPoolExecutor(len(runs), thread_name_prefix="remeasure") as pool:
+            return list(pool.map(lambda run: run(), runs))
+
     def remeasure(self, study: optuna.Study) -> Remeasurement | None:
         """Re-measure the top candidates and the best baseline until the posterior of their capacities knows the
         verdict: P(the config it recommends is within 95 % of the best) reaches [remeasure] confidence, or each has
@@ -768,7 +802,8 @@ class StudyRun:
             f"{REMEASURE_RESOLUTION:g}x, until P(the config recommended is within 95 % of the best) reaches "
             f"{confidence:g}, at most {budget} runs"
         )
-        for n in range(budget):
+        n = 0  # runs so far
+        while n < budget:
             post = posterior_of(cands)
             verdict = judge(cands, len(study.trials), confidence=confidence, post=post)
             pick = next(i for i, c in enumerate(cands) if c.trial_number == verdict.recommended_trial)
@@ -776,23 +811,13 @@ class StudyRun:
             if verdict.p_within is not None and verdict.p_within >= confidence and measured[pick] >= 2:
                 self.notice(f"re-measured enough after {n} run{'s' if n != 1 else ''}: {verdict.sentence()}")
                 break
-            c = cands[self._next_run(post, pick, measured)]
-            rep = len(c.capacities)
-            self.show(f"re-measuring {c.label} (run {n + 1} of at most {budget})")
-            config = self.measurer.check(c.args)
-            with self.slots.held(self.space.engine.gpus_per_engine(config.args.values), _raise_if_stopped) as slot:
-                out = self.measurer.measure(
-                    config,
-                    self.scoring.remeasure_profile(c.trial_load),
-                    log_dir=self.d.run_dir / "remeasure" / f"{c.trial_number:04d}-{rep}",
-                    on_phase=functools.partial(self._phase, f"re-measuring {c.label}"),
-                    cut_lost_steps=self._cut_lost_steps,
-                    slot=slot,
-                )
-            _raise_if_stopped()  # no verdict from an engine the stop killed
-            c.capacities.append(out.capacity_rps)
-            c.runs.append([s.record() for s in out.steps])
-            self.notice(f"re-measured {c.label} (run {n + 1}): {out.capacity_rps:.2f} req/s")
+            batch = [cands[i] for i in self._next_runs(post, pick, measured, min(self.concurrency, budget - n))]
+            runs = [functools.partial(self._remeasure_run, c, n + k + 1, budget) for k, c in enumerate(batch)]
+            for k, (c, out) in enumerate(zip(batch, self.side_by_side(runs), strict=True)):
+                c.capacities.append(out.capacity_rps)
+                c.runs.append([s.record() for s in out.steps])
+                self.notice(f"re-measured {c.label} (run {n + k + 1}): {out.capacity_rps:.2f} req/s")
+            n += len(batch)
         else:  # the budget ran out: the verdict reads the last run too
             verdict = judge(cands, len(study.trials), confidence=confidence)
         study.set_user_attr(Attr.REMEASURE, verdict.to_json())
