@@ -293,3 +293,23 @@ def test_the_re_measurement_runs_its_candidates_side_by_side(tmp_path, tiny_mode
     first = [r for r in again if r[0] < again[0][1]]  # the runs started with the first one
     assert len(first) >= 2 and len({r[2].gpus for r in first}) == len(first)  # at once, each on its own GPU
     assert len({tuple(sorted(r[3].items())) for r in first}) == len(first)  # distinct candidates in one batch
+
+
+def test_the_dry_run_places_each_trial_and_a_bad_flag_says_how_to_write_it(tmp_path, tiny_model):
+    path = _sim_study(tmp_path, tiny_model, gpus=None)
+    env = {**os.environ, "AUTOTUNE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--gpus", "0-1", "--dry-run", "3"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["gpus"] for x in lines[:2]] == [[0], [1]]
+    for x in lines:
+        assert x["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, x["gpus"]))
+        assert x["argv"][x["argv"].index("--port") + 1] != lines[0]["argv"][lines[0]["argv"].index("--port") + 1] \
+            or x["gpus"] == lines[0]["gpus"]
+    bad = subprocess.run([sys.executable, "-m", "autotune", "study", str(path), "--gpus", "0..3", "--dry-run"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "autotune: --gpus: '0..3' is not a GPU index or a range of them: write e.g. \"0-7\" or \"0,2,4-5\" "
+        "(or \"inherit\")"
+    ], bad.stderr
