@@ -4,8 +4,8 @@ The truths, the noise and the score are scripts/bench_search.py's (its cached tr
 numbers, its declared-config score); what changes is the host: the study gets ``[engine] gpus = "0-(N-1)"`` and
 runs as many trials side by side as N GPUs hold (N // the scenario's tensor parallel size), each on GPUs of its
 own (study/slots.py). The trials run in virtual time, as a discrete-event simulation of the real runner: the
-runner's own ``measure_trial`` runs a trial's objective when it starts (sampling, the race, the simulator's
-advice, what it measures on the truth) and its ``end_trial`` tells Optuna and runs the study's callbacks (the
+runner's own ``measure_trial`` (study/sidebyside.py) runs a trial's objective when it starts (sampling, the race,
+the simulator's advice, what it measures on the truth) and its ``end_trial`` tells Optuna and runs the study's callbacks (the
 simulator's refit, the declared winner) once the trial's GPU time has passed, so a trial started meanwhile sees
 it still running (TPE's constant liar) exactly as on a real host. A trial's duration is its truth GPU time per
 GPU: its engine start, load steps and stop, and the simulator's CPU seconds before it (the GPU waits for them).
@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
+from autotune.study import sidebyside
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_search as bench
@@ -88,7 +90,7 @@ def drive(clock: Clock, gpu: bench.TruthGpu):
             while len(running) < jobs and asked < left and run.remaining(study) > len(running):
                 trial = study.ask()
                 before = len(gpu.trials)
-                end = run.measure_trial(trial)
+                end = sidebyside.measure_trial(run, trial)
                 gpu_s = sum(t.gpu_s for t in gpu.trials[before:])
                 finish = clock.now + gpu_s / gpu.sc.gpus
                 clock.spans.append((clock.now, finish, gpu_s))
@@ -98,7 +100,7 @@ def drive(clock: Clock, gpu: bench.TruthGpu):
                 clock.search_end = clock.now
                 return
             clock.now, _, trial, end = heapq.heappop(running)
-            run.end_trial(study, trial, end, callbacks)
+            sidebyside.end_trial(run, study, trial, end, callbacks)
 
     return run_trials
 
@@ -239,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                         if a.json:
                             a.json.write_text(json.dumps([r.__dict__ for r in runs], indent=1))
     search_scores.print_rows(
-        ("scenario", "strategy", "GPUs", "got to 95 %", "wall h to 95 % (restricted mean)", "GPU-h per engine GPU to 95 %", "wall to 95 % vs one engine", "GPU-h to 95 % vs one engine",
-         "wall h to the verdict (of it, trials), mean", "wall to the verdict vs one engine", "the study's GPU-h vs one engine"),
+        ("scenario", "strategy", "GPUs", "got to 95 %", "wall h to 95 % (restricted mean)",
+         "GPU-h per engine GPU to 95 %", "wall to 95 % vs one engine", "GPU-h to 95 % vs one engine",
+         "wall h to the verdict (of it, trials), mean", "wall to the verdict vs one engine",
+         "the study's GPU-h vs one engine"),
         rows(runs),
     )
     return 0

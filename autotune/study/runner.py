@@ -33,14 +33,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
-from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled  # what optimize() uses
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
@@ -73,6 +72,7 @@ from autotune.study.records import (
     posterior_of,
 )
 from autotune.study.scoring import REMEASURE_RESOLUTION
+from autotune.study.sidebyside import side_by_side_trials
 from autotune.study.slots import Slots, study_gpus
 from autotune.study.space import Space, default_space
 from autotune.study.storage import TPE_STARTUP_TRIALS, shared_storage
@@ -137,16 +137,6 @@ def study_advisor(d: StudyDefinition, steps: LoadSteps) -> tuple[Advisor, str | 
     return advisor_for(d.command.engine_kind, advisor_target(d, steps))
 
 
-@dataclass(frozen=True)
-class TrialEnd:
-    """How a trial's objective ended: Optuna's state for it (None: COMPLETE with ``value``), and what it raised that
-    stops the study."""
-
-    state: TrialState | None
-    value: float | tuple[float, ...] | None = None
-    raised: BaseException | None = None
-
-
 @dataclass
 class _Running:
     """A trial measuring its config now: a twin sampled meanwhile waits for ``event``."""
@@ -183,7 +173,7 @@ class StudyRun:
             advisor or Advisor(), self.space, steps, seed=d.seed, budget=d.budget.trials, notice=self._notice
         )
         self.slots = Slots(study_gpus(d.gpu_ids, d.fixed.env), d.command.port)
-        self._lock = threading.RLock()  # trials beside each other: one at a time samples, learns, records
+        self.lock = threading.RLock()  # trials beside each other: one at a time samples, learns, records
         self._in_flight: dict[str, _Running] = {}  # engine args (as stored) -> the trial measuring them
 
     @classmethod
@@ -315,7 +305,7 @@ class StudyRun:
         on a slot of the study's GPUs and judged (the table at the top of this module). Beside other trials (a
         study on several GPUs) everything but the measurement runs under the study's lock."""
         t0 = time.monotonic()
-        with self._lock:
+        with self.lock:
             values = self.space.sample(trial)
             if not trial.user_attrs.get(Attr.BASELINE):
                 values = self.advice.highest_that_starts(trial, values)
@@ -331,9 +321,9 @@ class StudyRun:
         if running is not None:  # measured beside us right now: its answer, not a second engine
             twin = self._await_twin(trial, running, shown.to_json())
         if twin is not None:
-            with self._lock:
+            with self.lock:
                 return self._as_measured(trial, twin, list(config.argv), shown)
-        with self._lock:
+        with self.lock:
             self.advice.predict_trial(trial, args)
             self._record_config(trial, config, shown)
             label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
@@ -359,13 +349,13 @@ class StudyRun:
                     slot=slot,
                 )
         finally:
-            with self._lock:
+            with self.lock:
                 del self._in_flight[key]
             done.event.set()
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         if self.parallel and out.argv:
             trial.set_user_attr(Attr.ARGV, list(out.argv))  # exactly what ran: the slot's port
-        with self._lock:
+        with self.lock:
             self._record_timing(trial, out, time.monotonic() - t0)
             self._upload(trial, out)
             return self._judge(trial, out, race)
@@ -382,7 +372,7 @@ class StudyRun:
             ).state.is_finished():
                 break
             time.sleep(0.05)
-        with self._lock:
+        with self.lock:
             return self._measured_twin(trial, engine_args)
 
     def _fits(self, trial: optuna.Trial, config: CheckedArgs) -> None:
@@ -618,86 +608,17 @@ class StudyRun:
             return
         callbacks = self.trial_callbacks()
         if self.parallel:
-            self._side_by_side(study, n, callbacks)
+            self.notice(
+                f"up to {self.concurrency} trials at once on GPUs {','.join(map(str, self.slots.gpus))}, each on GPUs "
+                "of its own"
+            )
+            side_by_side_trials(self, study, n, self.concurrency, self.d.budget.timeout_s, callbacks)
             return
         if self.d.budget.trials is not None:  # other hosts count too: stop when the study as a whole is done
             callbacks.append(MaxTrialsCallback(self.d.budget.trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         study.optimize(
             self.objective, n_trials=n, timeout=self.d.budget.timeout_s, catch=(TrialFailed,), callbacks=callbacks
         )
-
-    def _side_by_side(
-        self, study: optuna.Study, n: int | None, callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]
-    ) -> None:
-        """Up to ``concurrency`` trials at once, each measured in a thread of its own on its own slot. This thread
-        asks for every trial, one at a time: Optuna's ``n_jobs`` asks in each thread, and on SQLite two threads can
-        pop the same enqueued trial (a baseline measured twice, then told twice)."""
-        jobs = self.concurrency
-        self.notice(
-            f"up to {jobs} trials at once on GPUs {','.join(map(str, self.slots.gpus))}, each on GPUs of its own"
-        )
-        deadline = time.monotonic() + self.d.budget.timeout_s if self.d.budget.timeout_s else math.inf
-        heartbeat = is_heartbeat_enabled(study._storage)
-        running: set[Future[None]] = set()
-        asked = 0
-        with ThreadPoolExecutor(jobs, thread_name_prefix="trial") as pool:
-            while True:
-                for f in [f for f in running if f.done()]:
-                    running.discard(f)
-                    f.result()  # what a trial raised that is not a verdict on its config: the study stops
-                left = self.remaining(study)
-                if (
-                    (n is not None and asked >= n)
-                    or (left is not None and left <= len(running))
-                    or (time.monotonic() >= deadline)
-                ):
-                    break
-                if len(running) >= jobs:
-                    wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
-                    continue
-                if heartbeat:
-                    optuna.storages.fail_stale_trials(study)
-                with self._lock:
-                    trial = study.ask()
-                asked += 1
-                running.add(pool.submit(self._run_trial, study, trial, callbacks))
-            for f in running:
-                f.result()
-
-    def _run_trial(
-        self, study: optuna.Study, trial: optuna.Trial, callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]
-    ) -> None:
-        """One trial in its thread, told to Optuna as ``study.optimize`` would tell it."""
-        with get_heartbeat_thread(trial._trial_id, study._storage):
-            end = self.measure_trial(trial)
-        self.end_trial(study, trial, end, callbacks)
-
-    def measure_trial(self, trial: optuna.Trial) -> TrialEnd:
-        """The trial's objective, and what Optuna is to be told of it (``end_trial`` tells it; a benchmark in
-        virtual time tells it when the trial's GPU time has passed)."""
-        try:
-            return TrialEnd(None, self.objective(trial))
-        except optuna.TrialPruned:
-            return TrialEnd(TrialState.PRUNED)
-        except TrialFailed as e:  # not the config's fault: FAIL, and the study goes on
-            self.notice(f"trial {trial.number} failed: {e}")
-            return TrialEnd(TrialState.FAIL)
-        except BaseException as e:  # noqa: BLE001 - Interrupted, a bug, a bad space: FAIL, re-raised by end_trial
-            return TrialEnd(TrialState.FAIL, raised=e)
-
-    def end_trial(
-        self,
-        study: optuna.Study,
-        trial: optuna.Trial,
-        end: TrialEnd,
-        callbacks: list[Callable[[optuna.Study, FrozenTrial], None]],
-    ) -> None:
-        frozen = study.tell(trial, end.value if end.state is None else None, state=end.state, skip_if_finished=True)
-        if end.raised is not None:
-            raise end.raised
-        with self._lock:
-            for callback in callbacks:
-                callback(study, frozen)
 
     def trial_callbacks(self) -> list[Callable[[optuna.Study, FrozenTrial], None]]:
         """What runs after every trial: the console's trial line (``callbacks``) before what the simulator learns."""
