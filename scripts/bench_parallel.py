@@ -5,9 +5,11 @@ numbers, its declared-config score); what changes is the host: the study gets ``
 runs as many trials side by side as N GPUs hold (N // the scenario's tensor parallel size), each on GPUs of its
 own (study/slots.py). The trials run in virtual time, as a discrete-event simulation of the real runner: the
 runner's own ``measure_trial`` (study/sidebyside.py) runs a trial's objective when it starts (sampling, the race,
-the simulator's advice, what it measures on the truth) and its ``end_trial`` tells Optuna and runs the study's callbacks (the
-simulator's refit, the declared winner) once the trial's GPU time has passed, so a trial started meanwhile sees
-it still running (TPE's constant liar) exactly as on a real host. A trial's duration is its truth GPU time per
+the simulator's advice, what it measures on the truth) and its ``end_trial`` tells Optuna and runs the study's
+callbacks (the simulator's refit, the declared winner) once the trial's GPU time has passed, so a trial started
+meanwhile sees it still running (TPE's constant liar) as on a real host. One difference: a config sampled while
+the same one is measured beside it is measured again here (the real runner waits for that result), which costs
+the parallel runs GPU time the real ones do not spend. A trial's duration is its truth GPU time per
 GPU: its engine start, load steps and stop, and the simulator's CPU seconds before it (the GPU waits for them).
 With N = TP the simulation is the sequential study; the script checks it trial for trial against bench_search's
 own run (the first line it prints). The re-measurement after the search runs as many runs at once as the GPUs
