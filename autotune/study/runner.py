@@ -318,22 +318,26 @@ class StudyRun:
             sampled = not trial.user_attrs.get(Attr.BASELINE)
             twin = self._measured_twin(trial, shown.to_json()) if sampled else None
             running = self._in_flight.get(key) if sampled and twin is None else None
+            mine = self._claim(key, trial.number) if twin is None and running is None else None
         if running is not None:  # measured beside us right now: its answer, not a second engine
             twin = self._await_twin(trial, running, shown.to_json())
+            if twin is None:  # it ended without one: this trial measures the config
+                with self.lock:
+                    mine = self._claim(key, trial.number)
         if twin is not None:
             with self.lock:
                 return self._as_measured(trial, twin, list(config.argv), shown)
-        with self.lock:
-            self.advice.predict_trial(trial, args)
-            self._record_config(trial, config, shown)
-            label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
-            self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
-            self._precheck(trial, args)
-            self._fits(trial, config)
-            race = self._race(trial)
-            profile = self._profile(trial, race)
-            done = self._in_flight[key] = _Running(trial.number)
+        assert mine is not None
         try:
+            with self.lock:
+                self.advice.predict_trial(trial, args)
+                self._record_config(trial, config, shown)
+                label = trial.user_attrs.get(Attr.BASELINE) or "sampled"
+                self.show(f"trial {trial.number} ({label}): " + " ".join(f"{k}={v}" for k, v in values.items()))
+                self._precheck(trial, args)
+                self._fits(trial, config)
+                race = self._race(trial)
+                profile = self._profile(trial, race)
             with self.slots.held(self.space.engine.gpus_per_engine(config.args.values), _raise_if_stopped) as slot:
                 if self.parallel:
                     trial.set_user_attr(Attr.SLOT, {"gpus": list(slot.gpus), "port": slot.port})
@@ -349,9 +353,7 @@ class StudyRun:
                     slot=slot,
                 )
         finally:
-            with self.lock:
-                del self._in_flight[key]
-            done.event.set()
+            self._release(key, mine)
         _raise_if_stopped()  # FAIL, not crashed/PRUNED: an interrupted baseline runs again on resume
         if self.parallel and out.argv:
             trial.set_user_attr(Attr.ARGV, list(out.argv))  # exactly what ran: the slot's port
@@ -359,6 +361,19 @@ class StudyRun:
             self._record_timing(trial, out, time.monotonic() - t0)
             self._upload(trial, out)
             return self._judge(trial, out, race)
+
+    def _claim(self, key: str, number: int) -> _Running:
+        """This trial measures ``key``'s config: a twin sampled meanwhile waits for it (a baseline that runs a config
+        already in flight is measured anyway, and claims nothing). Called under the lock."""
+        mine = _Running(number)
+        self._in_flight.setdefault(key, mine)
+        return mine
+
+    def _release(self, key: str, mine: _Running) -> None:
+        with self.lock:
+            if self._in_flight.get(key) is mine:
+                del self._in_flight[key]
+        mine.event.set()
 
     def _await_twin(self, trial: optuna.Trial, running: _Running, engine_args: dict[str, Any]) -> FrozenTrial | None:
         """Wait for the trial measuring these engine args beside this one, and take its result (None: it ended
