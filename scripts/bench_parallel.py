@@ -167,32 +167,45 @@ def restricted_gpu(r: ParallelRun, tp: int) -> float:
 
 
 def rows(runs: list[ParallelRun]) -> list[tuple[str, ...]]:
-    """Per scenario, strategy and host: the restricted means and their paired ratio to one engine."""
-    out = []
+    """Per scenario, strategy and host, then pooled over the scenarios of one tensor parallel size: the restricted
+    means and their paired ratios to one engine on the same truths (bootstrap over truths, within scenarios)."""
     tp = {sc.name: sc.gpus for sc in bench.SCENARIOS}
-    keys = sorted({(r.scenario, r.strategy) for r in runs})
-    for name, strategy in keys:
-        mine = [r for r in runs if r.scenario == name and r.strategy == strategy]
-        base = {r.seed: r for r in mine if r.engines == 1}
-        for g in sorted({r.gpus for r in mine}):
-            at = [r for r in mine if r.gpus == g]
-            wall = search_scores.bootstrap([[restricted_wall(r) for r in at]], search_scores.mean)
-            gpuh = search_scores.bootstrap([[restricted_gpu(r, tp[name]) for r in at]], search_scores.mean)
-            pairs_w = [(restricted_wall(r), restricted_wall(base[r.seed])) for r in at if r.seed in base]
-            pairs_g = [(restricted_gpu(r, tp[name]), restricted_gpu(base[r.seed], tp[name])) for r in at
-                       if r.seed in base]
-            ratio_w = search_scores.bootstrap([pairs_w], search_scores.ratio_of_means)
-            ratio_g = search_scores.bootstrap([pairs_g], search_scores.ratio_of_means)
-            end_w = search_scores.bootstrap([[(r.wall_h, base[r.seed].wall_h) for r in at if r.seed in base]],
-                                            search_scores.ratio_of_means)
-            end_g = search_scores.bootstrap([[(r.gpu_h, base[r.seed].gpu_h) for r in at if r.seed in base]],
-                                            search_scores.ratio_of_means)
-            got = sum(r.wall_h_to_95 is not None for r in at)
-            out.append((name, strategy, f"{g} ({at[0].engines} at once)", f"{got}/{len(at)}", _iv(wall),
-                        _iv(gpuh), _iv(ratio_w, "x"), _iv(ratio_g, "x"),
-                        f"{search_scores.mean([r.wall_h for r in at]):.2f} "
-                        f"({search_scores.mean([r.search_h for r in at]):.2f})",
-                        _iv(end_w, "x"), _iv(end_g, "x")))
+    out = []
+    for name, strategy in sorted({(r.scenario, r.strategy) for r in runs}):
+        out += _rows(name, strategy, [r for r in runs if r.scenario == name and r.strategy == strategy], tp)
+    for size in sorted({tp[r.scenario] for r in runs}):
+        names = sorted({r.scenario for r in runs if tp[r.scenario] == size})
+        for strategy in sorted({r.strategy for r in runs}):
+            mine = [r for r in runs if r.scenario in names and r.strategy == strategy]
+            if len(names) > 1 and mine:
+                out += _rows(f"pooled: {len(names)} TP-{size} scenarios", strategy, mine, tp)
+    return out
+
+
+def _rows(label: str, strategy: str, mine: list[ParallelRun], tp: dict[str, int]) -> list[tuple[str, ...]]:
+    base = {(r.scenario, r.seed): r for r in mine if r.engines == 1}
+    names = sorted({r.scenario for r in mine})
+    out = []
+    for g in sorted({r.gpus for r in mine}):
+        at = [r for r in mine if r.gpus == g and (r.scenario, r.seed) in base]
+
+        def groups(read, at=at):
+            return [[read(r, base[r.scenario, r.seed]) for r in at if r.scenario == n] for n in names]
+
+        wall = search_scores.bootstrap(groups(lambda r, _: restricted_wall(r)), search_scores.mean)
+        gpuh = search_scores.bootstrap(groups(lambda r, _: restricted_gpu(r, tp[r.scenario])), search_scores.mean)
+        ratios = [search_scores.bootstrap(groups(read), search_scores.ratio_of_means) for read in (
+            lambda r, b: (restricted_wall(r), restricted_wall(b)),
+            lambda r, b: (restricted_gpu(r, tp[r.scenario]), restricted_gpu(b, tp[r.scenario])),
+            lambda r, b: (r.wall_h, b.wall_h),
+            lambda r, b: (r.gpu_h, b.gpu_h),
+        )]
+        got = sum(r.wall_h_to_95 is not None for r in at)
+        out.append((label, strategy, f"{g} ({at[0].engines} at once)", f"{got}/{len(at)}", _iv(wall), _iv(gpuh),
+                    _iv(ratios[0], "x"), _iv(ratios[1], "x"),
+                    f"{search_scores.mean([r.wall_h for r in at]):.2f} "
+                    f"({search_scores.mean([r.search_h for r in at]):.2f})",
+                    _iv(ratios[2], "x"), _iv(ratios[3], "x")))
     return out
 
 

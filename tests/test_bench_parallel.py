@@ -43,3 +43,14 @@ def test_side_by_side_trials_share_the_wall_clock_and_count_every_gpu(par, hand)
     assert clock.now < sum(t.gpu_s for t in gpu.trials)  # the wall clock is shorter than the GPU time
     stamps = [at for at, _ in clock.declared]
     assert stamps == sorted(stamps) and stamps[-1] == clock.now  # the verdict last, after the re-measurement
+
+
+def test_the_table_pairs_each_host_with_one_engine_on_the_same_truths(par):
+    def run(seed, gpus, wall, gpu_h):
+        return par.ParallelRun("chat-8b-l20", seed, "TPE", gpus, gpus, wall, gpu_h, wall, wall / 2, gpu_h, 0.96, [])
+
+    runs = [run(0, 1, 1.0, 1.0), run(1, 1, 0.5, 0.5), run(0, 4, 0.25, 1.2), run(1, 4, 0.25, 0.6)]
+    one, four = par.rows(runs)
+    assert one[3] == "2/2" and one[6].startswith("1.00x")
+    assert four[2] == "4 (4 at once)" and four[6].startswith("0.33x")  # (0.25 + 0.25) / (1.0 + 0.5)
+    assert four[7].startswith("1.20x")  # (1.2 + 0.6) / (1.0 + 0.5)
